@@ -46,9 +46,8 @@ class PolicyConfig(_Strict):
 
 
 class WeightPhaseConfig(_Strict):
+    # Sampling (temperature, top-k) is the harness' to decide: it is part of the agent being optimised.
     samples_per_prompt: int = Field(8, gt=0)  # k
-    temperature: float = Field(1.0, gt=0)
-    top_k: int = Field(20, ge=0)
     prompts_per_step: int = Field(16, gt=0)
     learning_rate: float = Field(3e-4, gt=0)
     micro_batch: int = Field(32, gt=0)
@@ -82,12 +81,13 @@ class SandboxConfig(_Strict):
     max_output_bytes: int = Field(1 << 20, gt=0)
     max_rpc_calls: int = Field(256, gt=0)
     max_message_bytes: int = Field(1 << 20, gt=0)
+    # "auto" uses bubblewrap and refuses to run without it; "unsafe_none" runs harnesses with rlimits only.
+    isolation: Literal["auto", "bwrap", "unsafe_none"] = "auto"
 
 
 class EvalConfig(_Strict):
     test_samples: int = Field(8, gt=0)  # mean@8
     val_samples: int = Field(4, gt=0)
-    temperature: float = Field(1.0, gt=0)
 
 
 class WhaleConfig(_Strict):

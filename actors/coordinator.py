@@ -1,0 +1,401 @@
+"""Coordinator: runs the alternation of weight and harness phases and owns the run directory.
+
+    for each cycle of the schedule:
+        weight phase:  roll out D_weight prompts under the accepted harness, keep verified
+                       samples, fine-tune on them, push the new weights to the PolicyServer
+        harness phase: evaluate the incoming harness, then propose, validate and evaluate
+                       candidates on D_harness; accept the frontier's top
+        select the best-so-far (theta*, h*) on D_val; report mean@8 on D_test
+
+The run directory is the truth: state.json is rewritten after every weight step, harness
+iteration and evaluation, so relaunching the same command resumes where the last one stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import ray
+
+from actors.harness_proposer import HarnessProposer
+from actors.policy_server import PolicyServer
+from actors.sandbox_evaluator import EpisodeJob, EvaluatorPool
+from actors.trainer import Trainer
+from whale_ray.archive import Archive
+from whale_ray.config import WhaleConfig, dump_config
+from whale_ray.domain import Splits, get_domain
+from whale_ray.harness import check_harness_source
+from whale_ray.records import EpisodeResult, Rollout, Task, rollouts_to_table
+from whale_ray.rsft import accepted_examples
+from whale_ray.storage import atomic_write_text
+from whale_ray.run_state import CycleRow, PhaseProgress, RunState, Selection
+from whale_ray.schedules import Phase, harness_phase_should_stop, plan, weight_phase_should_stop
+
+
+def episode_seed(*parts: Any) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 1
+
+
+@dataclass
+class Progress:
+    """What the driver shows while the run works; read from another thread."""
+
+    cycle: int = 0
+    cycles: int = 0
+    phase: str = "starting"
+    detail: str = ""
+    done: int = 0
+    total: int = 0
+    rows_emitted: int = 0
+
+
+class Coordinator:
+    def __init__(self, cfg: WhaleConfig, base_model: str):
+        self.cfg = cfg
+        self.base_model = base_model
+        self.run_dir = Path(cfg.run_dir).resolve()
+        self.domain = get_domain(cfg.domain)
+        self.plan = plan(cfg)
+        self.progress = Progress(cycles=len(self.plan))
+        self._lock = threading.Lock()
+        self.splits: Splits = self.domain.load_splits(cfg.data, cfg.seed)
+        self.archive = Archive(self.run_dir / "archive")
+        self.state = RunState.load(self.run_dir) or self._start_state()
+        self._start_actors()
+
+    # ----------------------------------------------------------------------------- the loop
+    def run(self) -> list[CycleRow]:
+        for c, phases in enumerate(self.plan):
+            if c < self.state.cycle:
+                continue
+            started = time.perf_counter()
+            if self.state.cycle_start is None:
+                self.state.cycle_start = self.state.ledger.model_copy()
+            for i, phase in enumerate(phases):
+                if self._phase_finished(c, i):
+                    continue
+                self._set_progress(cycle=c + 1, phase=phase.label())
+                if phase.kind == "weight":
+                    self.weight_phase(c, i, phase)
+                else:
+                    self.harness_phase(c, i, phase)
+            self.finish_cycle(c, phases, time.perf_counter() - started)
+        self.state.finished = True
+        self.state.save(self.run_dir)
+        self._set_progress(phase="finished", detail="")
+        return self.state.history
+
+    # ------------------------------------------------------------------------ weight phase
+    def weight_phase(self, cycle: int, index: int, phase: Phase) -> None:
+        prog = self._enter_phase(cycle, index, phase)
+        n_weight = len(self.splits.weight)
+        budget = max(1, round(phase.budget * n_weight))
+        harness = self.archive.get(self.state.accepted_harness)
+        rules = self.cfg.adaptive
+        while prog.prompts_done < budget:
+            if phase.adaptive and weight_phase_should_stop(prog.prompts_done / n_weight, prog.step_rewards, rules):
+                break
+            step_started = time.perf_counter()
+            n = min(self.cfg.weight.prompts_per_step, budget - prog.prompts_done)
+            tasks, cursor, weight_pass = self._next_weight_prompts(n)
+            rollouts = self.rollout(
+                harness.id, harness.code, tasks, samples=self.cfg.weight.samples_per_prompt, phase="weight",
+                cycle=cycle, unit=prog.units_done,
+            )
+            examples = accepted_examples(rollouts)
+            metrics = ray.get(self.trainer.train_step.remote(examples))
+            if metrics["trained"]:
+                version = metrics["version"]
+                ray.get(self.policy.load_weights.remote(self.trainer.latest_weights.remote(), version))
+                checkpoint = self.run_dir / "checkpoints" / f"v{version:05d}"
+                ray.get(self.trainer.save_checkpoint.remote(str(checkpoint)))
+                self.state.weight_version, self.state.checkpoint = version, str(checkpoint.relative_to(self.run_dir))
+                self.state.ledger.weight_steps += 1
+                self._prune_checkpoints()
+            self._write_rollouts(f"weight-c{cycle:02d}-s{prog.units_done:04d}", rollouts)
+            reward = sum(r.reward for r in rollouts) / len(rollouts)
+            prog.step_rewards.append(reward)
+            prog.prompts_done += n
+            prog.units_done += 1
+            prog.wall_s += time.perf_counter() - step_started
+            self.state.weight_cursor, self.state.weight_pass = cursor, weight_pass
+            self.state.ledger.weight_rollouts += len(rollouts)
+            self.state.save(self.run_dir)
+            self._set_progress(detail=f"step {prog.units_done}: reward {reward:.3f}, "
+                                      f"{len(examples)} accepted calls, loss {metrics.get('loss', float('nan')):.3f}")
+        self._leave_phase(prog)
+
+    def _next_weight_prompts(self, n: int) -> tuple[list[Task], int, int]:
+        """The next n prompts of a reshuffled-every-pass walk over D_weight (E may be a fraction)."""
+        tasks, cursor, weight_pass = [], self.state.weight_cursor, self.state.weight_pass
+        while len(tasks) < n:
+            order = list(range(len(self.splits.weight)))
+            random.Random(episode_seed(self.cfg.seed, "weight-pass", weight_pass)).shuffle(order)
+            take = order[cursor:cursor + n - len(tasks)]
+            tasks += [self.splits.weight[j] for j in take]
+            cursor += len(take)
+            if cursor >= len(order):
+                cursor, weight_pass = 0, weight_pass + 1
+        return tasks, cursor, weight_pass
+
+    # ----------------------------------------------------------------------- harness phase
+    def harness_phase(self, cycle: int, index: int, phase: Phase) -> None:
+        prog = self._enter_phase(cycle, index, phase)
+        rules = self.cfg.adaptive
+        while prog.units_done < phase.budget:
+            if phase.adaptive and harness_phase_should_stop(prog.units_done, prog.best_success, rules):
+                break
+            started = time.perf_counter()
+            iteration = self.state.ledger.harness_iterations + 1  # archive-wide, so resume finds its pending
+            if prog.units_done == 0:
+                candidates = [self._incoming_candidate(cycle, iteration)]
+            else:
+                candidates = self._proposed_candidates(cycle, iteration)
+            self.evaluate_candidates(candidates, cycle, iteration)
+            best = self.archive.best(noise_margin=self.cfg.harness_phase.noise_margin,
+                                     incumbent=self._incumbent(), weight_version=self.state.weight_version)
+            self.state.accepted_harness = best.id
+            prog.best_success.append(best.success_rate)
+            prog.units_done += 1
+            prog.wall_s += time.perf_counter() - started
+            self.state.ledger.harness_iterations += 1
+            self.state.save(self.run_dir)
+            self._set_progress(detail=f"iteration {prog.units_done}: accepted {best.id} "
+                                      f"(success {best.success_rate:.3f})")
+        self._leave_phase(prog)
+
+    def _incoming_candidate(self, cycle: int, iteration: int) -> str:
+        """Iteration 1 evaluates the incoming harness under the current weights (once per version)."""
+        pending = self.archive.pending(iteration)
+        if pending:
+            return pending[0].id
+        incoming = self.archive.get(self.state.accepted_harness)
+        if incoming.status == "proposed" or incoming.weight_version == self.state.weight_version:
+            return incoming.id  # the seed before its first evaluation, or already scored under these weights
+        return self.archive.add_reevaluation(incoming.id, weight_version=self.state.weight_version, cycle=cycle,
+                                             iteration=iteration)
+
+    def _incumbent(self) -> str | None:
+        """The accepted harness, when its scores were measured under the current weights."""
+        current = self.archive.get(self.state.accepted_harness)
+        return current.id if current.weight_version == self.state.weight_version else None
+
+    def _proposed_candidates(self, cycle: int, iteration: int) -> list[str]:
+        pending = self.archive.pending(iteration)
+        if pending:  # proposed before a restart: evaluate them rather than propose again
+            return [c.id for c in pending]
+        proposals = ray.get(self.proposer.propose.remote(
+            str(self.archive.root), self.cfg.harness_phase.candidates_per_iteration, iteration))
+        ids = [
+            self.archive.add_candidate(p["code"], parent=p["parent"], hypothesis=p["hypothesis"],
+                                       iteration=iteration, cycle=cycle)
+            for p in proposals
+        ]
+        self.state.ledger.candidates_proposed += len(ids)
+        return ids
+
+    def evaluate_candidates(self, ids: list[str], cycle: int, iteration: int) -> None:
+        """Validate (static check, then a one-example smoke test in the sandbox) and evaluate on D_harness."""
+        todo = [cid for cid in ids if self.archive.get(cid).meta["status"] == "proposed"]
+        valid = []
+        for cid in todo:
+            try:
+                check_harness_source(self.archive.get(cid).code, f"{cid}/harness.py")
+            except ValueError as e:
+                self._reject(cid, str(e))
+            else:
+                valid.append(cid)
+        smoke = {cid: self.rollout(cid, self.archive.get(cid).code, self.splits.harness[:1], samples=1,
+                                   phase="validate", cycle=cycle, unit=iteration, write=False)[0]
+                 for cid in valid}
+        self.state.ledger.harness_rollouts += len(smoke)
+        valid = [cid for cid in valid if smoke[cid].status == "ok" or self._reject(cid, smoke[cid])]
+        per_example = self.cfg.harness_phase.rollouts_per_example
+        for cid in valid:
+            rollouts = self.rollout(cid, self.archive.get(cid).code, self.splits.harness, samples=per_example,
+                                    phase="harness", cycle=cycle, unit=iteration)
+            rows = [{"task_id": r.task_id, "reward": r.reward, "turns": r.turns, "prompt_tokens": r.prompt_tokens,
+                     "status": r.status, "truncated": r.truncated} for r in rollouts]
+            self.archive.record_evaluation(cid, rows, [r.trace for r in rollouts], self.state.weight_version)
+            self.state.ledger.harness_rollouts += len(rollouts)
+            self.state.save(self.run_dir)
+
+    def _reject(self, cid: str, why: str | Rollout) -> bool:
+        reason = why if isinstance(why, str) else f"smoke test: {why.status}: {why.reason}"
+        self.archive.mark_invalid(cid, reason)
+        self.state.ledger.candidates_invalid += 1
+        return False
+
+    # ------------------------------------------------------------------ selection and report
+    def finish_cycle(self, cycle: int, phases: list[Phase], wall_s: float) -> None:
+        accepted = self.state.accepted_harness
+        self._set_progress(phase="select", detail="D_val")
+        val = self.evaluate_split("val", accepted, self.cfg.eval.val_samples)
+        best = self.state.best
+        if best is None or val > best.val:
+            best = Selection(weight_version=self.state.weight_version, checkpoint=self.state.checkpoint,
+                             harness_id=accepted, val=val)
+        self._set_progress(phase="report", detail="D_test mean@8")
+        # theta* is the current policy whenever the best just changed, so its test score is computed
+        # under loaded weights; an older best's score is already in the cache.
+        test = self.evaluate_split("test", best.harness_id, self.cfg.eval.test_samples, version=best.weight_version)
+        rewards = self._cycle_rewards(cycle, "weight")
+        spent, start = self.state.ledger, self.state.cycle_start or self.state.ledger
+        row = CycleRow(
+            cycle=cycle + 1, phases=" + ".join(p.label() for p in phases),
+            weight_rollouts=spent.weight_rollouts - start.weight_rollouts,
+            harness_rollouts=spent.harness_rollouts - start.harness_rollouts,
+            train_reward=(sum(rewards) / len(rewards)) if rewards else None,
+            accepted_harness=accepted,
+            harness_success=(self.archive.get(accepted).scores or {}).get("success_rate"),
+            weight_version=self.state.weight_version, val=val, best_val=best.val,
+            best=f"v{best.weight_version}+{best.harness_id}", test_mean8=test, wall_s=round(wall_s, 1),
+        )
+        self.state.best = best
+        self.state.history.append(row)
+        self.state.cycle = cycle + 1
+        self.state.phase = None
+        self.state.cycle_start = None
+        self.state.save(self.run_dir)
+
+    def evaluate_split(self, split: str, harness_id: str, samples: int, version: int | None = None) -> float:
+        version = self.state.weight_version if version is None else version
+        key = f"{split}|v{version}|{harness_id}|{samples}"
+        if key not in self.state.eval_cache:
+            assert version == self.state.weight_version, "evaluations run under the loaded weights only"
+            tasks = getattr(self.splits, split)
+            harness = self.archive.get(harness_id)
+            rollouts = self.rollout(harness_id, harness.code, tasks, samples=samples, phase=split,
+                                    cycle=self.state.cycle, unit=0)
+            self._write_rollouts(f"{split}-v{version:05d}-{harness_id}", rollouts)
+            self.state.ledger.eval_rollouts += len(rollouts)
+            self.state.eval_cache[key] = sum(r.reward for r in rollouts) / len(rollouts)
+            self.state.save(self.run_dir)
+        return self.state.eval_cache[key]
+
+    # ---------------------------------------------------------------------------- rollouts
+    def rollout(self, harness_id: str, code: str, tasks: list[Task], *, samples: int, phase: str, cycle: int,
+                unit: int, write: bool = True) -> list[Rollout]:
+        """Runs samples x tasks episodes through the evaluator pool and scores them with the verifier."""
+        jobs, meta = [], []
+        for t in tasks:
+            for s in range(samples):
+                seed = episode_seed(self.cfg.seed, phase, cycle, unit, harness_id, t.id, s)
+                jobs.append(EpisodeJob(task=t.public(), seed=seed))
+                meta.append((t, s, seed))
+        version = self.state.weight_version
+        results: list[EpisodeResult | None] = [None] * len(jobs)
+        pending = dict((ref, start) for start, ref in self.pool.submit(code, f"{harness_id}.py", jobs))
+        self._set_progress(done=0, total=len(jobs))
+        done = 0
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            start = pending.pop(ready[0])
+            chunk = ray.get(ready[0])
+            results[start:start + len(chunk)] = chunk
+            done += len(chunk)
+            self._set_progress(done=done)
+        rollouts = []
+        for (task, sample, seed), ep in zip(meta, results):
+            reward = self.domain.verify(task, ep.answer) if ep.status == "ok" else 0.0
+            rollouts.append(Rollout.from_episode(
+                ep, phase=phase, cycle=cycle, harness_id=harness_id, task=task, sample=sample, seed=seed,
+                weight_version=version, reward=reward))
+        return rollouts
+
+    def _write_rollouts(self, name: str, rollouts: list[Rollout]) -> None:
+        path = self.run_dir / "rollouts" / f"{name}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".parquet.tmp")
+        pq.write_table(rollouts_to_table(rollouts), tmp)
+        tmp.replace(path)
+
+    def _cycle_rewards(self, cycle: int, phase: str) -> list[float]:
+        rewards = []
+        for path in sorted((self.run_dir / "rollouts").glob(f"{phase}-c{cycle:02d}-*.parquet")):
+            rewards += pq.read_table(path, columns=["reward"]).column("reward").to_pylist()
+        return rewards
+
+    # -------------------------------------------------------------------------- bookkeeping
+    def _start_state(self) -> RunState:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.run_dir / "config.yaml", dump_config(self.cfg))
+        h0 = Path(self.cfg.harness) if self.cfg.harness else self.domain.h0_path
+        self.archive.add_candidate(h0.read_text(), parent=None, hypothesis=f"seed harness from {h0}",
+                                   iteration=0, cycle=0, candidate_id="h0")
+        state = RunState(accepted_harness="h0")
+        state.save(self.run_dir)
+        return state
+
+    def _start_actors(self) -> None:
+        model = str(self.run_dir / self.state.checkpoint) if self.state.checkpoint else self.base_model
+        p = self.cfg.policy
+        self.policy = PolicyServer.options(num_cpus=1).remote(
+            model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
+            version=self.state.weight_version, device=p.device, dtype=p.dtype, seed=self.cfg.seed)
+        self.pool = EvaluatorPool(self.cfg.domain, self.policy, self.cfg.sandbox)
+        self.trainer = None
+        if any(ph.kind == "weight" for phases in self.plan for ph in phases):
+            self.trainer = Trainer.options(num_cpus=0).remote(
+                self.base_model, self.cfg.weight.model_dump(), str(self.run_dir / "trainer"), seed=self.cfg.seed)
+            if self.state.checkpoint:
+                ray.get(self.trainer.load_checkpoint.remote(str(self.run_dir / self.state.checkpoint)))
+        self.proposer = HarnessProposer.options(num_cpus=0).remote(
+            self.cfg.harness_phase.proposer, self.domain.skill_text, self.cfg.seed)
+
+    def _phase_finished(self, cycle: int, index: int) -> bool:
+        p = self.state.phase
+        return p is not None and p.cycle == cycle and (p.index > index or (p.index == index and p.done))
+
+    def _enter_phase(self, cycle: int, index: int, phase: Phase) -> PhaseProgress:
+        p = self.state.phase
+        if p is None or p.cycle != cycle or p.index != index:
+            self.state.phase = PhaseProgress(cycle=cycle, index=index, kind=phase.kind)
+            self.state.save(self.run_dir)
+        return self.state.phase
+
+    def _leave_phase(self, prog: PhaseProgress) -> None:
+        prog.done = True
+        self.state.phases_done.append(f"{prog.cycle + 1}:{prog.kind}:{prog.units_done}")
+        self.state.phase_wall_s[prog.kind] = self.state.phase_wall_s.get(prog.kind, 0.0) + prog.wall_s
+        self.state.save(self.run_dir)
+
+    def _prune_checkpoints(self) -> None:
+        keep = {self.state.checkpoint, self.state.best.checkpoint if self.state.best else None}
+        for path in (self.run_dir / "checkpoints").glob("v*"):
+            if str(path.relative_to(self.run_dir)) not in keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _set_progress(self, **fields: Any) -> None:
+        with self._lock:
+            for k, v in fields.items():
+                setattr(self.progress, k, v)
+
+    # ------------------------------------------------------------------------------ queries
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {"progress": vars(self.progress).copy(), "history": [r.model_dump() for r in self.state.history],
+                    "ledger": self.state.ledger.model_dump(), "phase_wall_s": dict(self.state.phase_wall_s),
+                    "best": self.state.best.model_dump() if self.state.best else None}
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class CoordinatorActor:
+    """Thin shell: run() works in one thread while snapshot() answers the driver from another."""
+
+    def __init__(self, cfg: dict[str, Any], base_model: str):
+        self._coordinator = Coordinator(WhaleConfig.model_validate(cfg), base_model)
+
+    def run(self) -> list[dict[str, Any]]:
+        return [r.model_dump() for r in self._coordinator.run()]
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._coordinator.snapshot()

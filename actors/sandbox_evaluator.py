@@ -1,0 +1,101 @@
+"""SandboxEvaluator: runs episodes of a harness, each in its own sandboxed subprocess.
+
+An evaluator owns `slots` concurrent sandboxes; the pool spreads chunks of episodes over its
+evaluators and can grow or shrink between phases (elastic rollouts).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from whale_ray.config import SandboxConfig
+from whale_ray.domain import get_domain
+from whale_ray.records import EpisodeResult, ModelCall, SamplingParams
+from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    task: dict[str, Any]  # Task.public(): never the gold answer
+    seed: int
+
+
+def sandbox_limits(cfg: SandboxConfig) -> SandboxLimits:
+    return SandboxLimits(
+        wall_s=cfg.wall_s, memory_mb=cfg.memory_mb, max_processes=cfg.max_processes,
+        max_output_bytes=cfg.max_output_bytes, max_rpc_calls=cfg.max_rpc_calls,
+        max_message_bytes=cfg.max_message_bytes, isolation=cfg.isolation,
+    )
+
+
+class EpisodeRunner:
+    """Runs episodes of one harness at a time with `slots` sandboxes in flight."""
+
+    def __init__(self, domain: str, generate: GenerateFn, limits: SandboxLimits, slots: int):
+        d = get_domain(domain)
+        self._tools_path = d.sandbox_tools_path if d.sandbox_tools_path.exists() else None
+        self._host_tools = d.host_tools()
+        self._generate = generate
+        self._limits = limits
+        self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="episode")
+
+    def run_episodes(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[EpisodeResult]:
+        futures = [
+            self._executor.submit(
+                run_episode, harness_source, job.task, generate=self._generate, tools_path=self._tools_path,
+                host_tools=self._host_tools, limits=self._limits, seed=job.seed, harness_name=harness_name,
+            )
+            for job in jobs
+        ]
+        return [f.result() for f in futures]
+
+
+@ray.remote(max_concurrency=64)
+class SandboxEvaluator:
+    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: dict[str, Any]):
+        cfg = SandboxConfig.model_validate(sandbox)
+
+        def generate(messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
+            return ray.get(policy.generate.remote(messages, sampling))
+
+        self._runner = EpisodeRunner(domain, generate, sandbox_limits(cfg), cfg.slots)
+
+    def run_episodes(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[EpisodeResult]:
+        return self._runner.run_episodes(harness_source, harness_name, jobs)
+
+
+class EvaluatorPool:
+    """Spreads episodes over SandboxEvaluator actors in chunks of one evaluator's slot count."""
+
+    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: SandboxConfig):
+        self._domain, self._policy, self._cfg = domain, policy, sandbox
+        self._actors: list[ray.actor.ActorHandle] = []
+        self.resize(sandbox.evaluators)
+
+    def resize(self, n: int) -> None:
+        if n <= 0:
+            raise ValueError(f"an evaluator pool needs at least one evaluator, got {n}")
+        while len(self._actors) < n:
+            self._actors.append(
+                SandboxEvaluator.options(num_cpus=0.25).remote(self._domain, self._policy, self._cfg.model_dump())
+            )
+        for actor in self._actors[n:]:
+            ray.kill(actor)
+        del self._actors[n:]
+
+    @property
+    def size(self) -> int:
+        return len(self._actors)
+
+    def submit(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[tuple[int, ray.ObjectRef]]:
+        """Returns (offset of the chunk's first job, ref to its results) pairs."""
+        chunk = self._cfg.slots
+        refs = []
+        for i, start in enumerate(range(0, len(jobs), chunk)):
+            actor = self._actors[i % len(self._actors)]
+            refs.append((start, actor.run_episodes.remote(harness_source, harness_name, jobs[start:start + chunk])))
+        return refs

@@ -1,0 +1,362 @@
+"""The Trainer actor: online RSFT steps on Ray Train workers, weights out as object refs.
+
+Design. One `TorchTrainer.fit()` costs ~12-15 s of start/stop on a 2-core machine even with an empty
+training loop (measured, Ray 2.60 / Train V2), far more than an RSFT step on a small model, so the Trainer
+does not run a fit per step. It starts ONE long-lived fit (a "session") the first time it needs the
+workers and keeps it until `release_workers()` or `shutdown()`. The fit runs in a background thread of the
+actor; `train_loop_per_worker` builds an `RSFTLearner` on every worker (DDP through
+`ray.train.torch.prepare_model` when num_workers > 1; gloo on CPU, nccl on GPU) and serves commands:
+
+    Trainer --(one ray.util.queue.Queue per rank: ("train", seq, examples_ref) / save / load / stop)--> workers
+    workers --(one shared outbox Queue: {"rank", "seq", "kind", ...})--> Trainer
+
+Every rank answers every command, so a call returns only when all ranks are done. For a step, every rank
+gets the same object ref of the full example list and takes its own shard (see `RSFTLearner`); rank 0
+puts the new state dict in the object store and sends the ref, which the Trainer materialises at once (so
+the weights outlive the worker that made them) and serves from `latest_weights()`.
+
+`release_workers()` saves the full state (model + optimizer) under `checkpoint_dir/live`, ends the fit
+and frees the workers' CPUs/GPUs (e.g. for the harness phase); the next call restarts from that state.
+
+`LocalTrainer` is the same API without Ray (one in-process `RSFTLearner`), for tests and small runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+
+from whale_ray.config import WeightPhaseConfig
+from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CPUS_PER_WORKER = 0.5  # fits a 2-core local cluster next to the PolicyServer and evaluators
+START_TIMEOUT_S = 600.0  # waiting for the workers to be placed and to load the model
+POLL_S = 1.0
+
+
+def _learner_kwargs(cfg: dict[str, Any], seed: int, max_len: int | None) -> dict[str, Any]:
+    w = WeightPhaseConfig.model_validate(cfg)
+    return {"lr": w.learning_rate, "micro_batch": w.micro_batch, "epochs_per_step": w.sft_epochs_per_step,
+            "seed": seed, "max_len": max_len}
+
+
+def _examples(examples: list) -> list[SFTExample]:
+    return [(list(p), list(c)) for p, c in examples]
+
+
+def _no_op_metrics(version: int) -> dict[str, Any]:
+    return {"trained": False, "n_examples": 0, "n_tokens": 0, "n_truncated": 0, "step": version,
+            "version": version, "loss": float("nan"), "last_epoch_loss": float("nan"), "grad_norm": 0.0,
+            "wall_s": 0.0}
+
+
+def _check_checkpoint(path: Path) -> None:
+    if not (path / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{path}: not a Trainer checkpoint (no {STATE_FILE})")
+
+
+# ------------------------------------------------------------------------------------ without Ray
+class LocalTrainer:
+    """The Trainer's API on one in-process RSFTLearner (no Ray)."""
+
+    def __init__(self, model_path: str, cfg: dict, checkpoint_dir: str, *, seed: int = 0, device: str | None = None,
+                 max_len: int | None = None) -> None:
+        self.checkpoint_dir = Path(checkpoint_dir)
+        device = device or ("cuda" if WeightPhaseConfig.model_validate(cfg).use_gpu else "cpu")
+        self.learner = RSFTLearner(model_path, device=device, **_learner_kwargs(cfg, seed, max_len))
+
+    def version(self) -> int:
+        return self.learner.step
+
+    def train_step(self, examples: list[SFTExample]) -> dict:
+        t0 = time.perf_counter()
+        metrics = self.learner.train_step(_examples(examples))
+        return {**metrics, "version": self.learner.step, "wall_s": time.perf_counter() - t0}
+
+    def latest_weights(self) -> dict[str, torch.Tensor]:
+        return self.learner.state_dict()
+
+    def save_checkpoint(self, path: str) -> str:
+        return str(self.learner.save(path))
+
+    def load_checkpoint(self, path: str) -> None:
+        _check_checkpoint(Path(path))
+        self.learner.load(path)
+
+    def release_workers(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------ Ray Train worker
+def _ddp_kwargs() -> dict[str, Any]:
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """One Ray Train worker: build the learner, then serve commands from this rank's inbox until "stop"."""
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    inbox, outbox = config["inboxes"][rank], config["outbox"]
+
+    def reply(seq: int, kind: str, **data: Any) -> None:
+        outbox.put({"rank": rank, "seq": seq, "kind": kind, **data})
+
+    def weights_ref() -> Any:
+        return ray.put(learner.state_dict()) if rank == 0 else None
+
+    seq = 0  # the "ready" reply answers command 0
+    try:
+        wrap = None
+        if world > 1:  # no buffer sync in forward: ranks may run different numbers of forward passes per step
+            def wrap(m):
+                return ray.train.torch.prepare_model(m, parallel_strategy_kwargs=_ddp_kwargs())
+        learner = RSFTLearner(config["model_path"], device=ray.train.torch.get_device(), rank=rank,
+                              world_size=world, wrap_model=wrap, **config["learner"])
+        if config.get("resume"):
+            learner.load(config["resume"])
+        reply(seq, "ready", step=learner.step, weights=weights_ref())
+        while True:
+            cmd = inbox.get()
+            kind, seq = cmd[0], cmd[1]
+            if kind == "stop":
+                reply(seq, "stopped")
+                return
+            if kind == "train":
+                try:
+                    metrics = learner.train_step(ray.get(cmd[2]))
+                except InvalidExamples as e:  # every rank checks the same full list before any change
+                    reply(seq, "rejected", error=str(e))
+                    continue
+                reply(seq, "trained", metrics=metrics, weights=weights_ref() if metrics["trained"] else None)
+            elif kind == "save":
+                if rank == 0:
+                    learner.save(cmd[2])
+                reply(seq, "saved")
+            elif kind == "load":
+                learner.load(cmd[2])
+                reply(seq, "loaded", step=learner.step, weights=weights_ref())
+            else:
+                raise ValueError(f"unknown trainer command {kind!r}")
+    except BaseException as e:
+        reply(seq, "error", error=f"rank {rank}: {e!r}\n{traceback.format_exc()}")
+        raise
+
+
+# ------------------------------------------------------------------------------------ the actor
+class _Session:
+    """One long-lived TorchTrainer.fit() and its queues."""
+
+    def __init__(self, trainer_cfg: dict, scaling_config: Any, torch_config: Any, storage_path: Path,
+                 resume: str | None) -> None:
+        from ray.train import FailureConfig, RunConfig
+        from ray.train.torch import TorchTrainer
+        from ray.util.queue import Queue
+
+        n = scaling_config.num_workers
+        self.world = n
+        self.inboxes = [Queue(actor_options={"num_cpus": 0}) for _ in range(n)]
+        self.outbox = Queue(actor_options={"num_cpus": 0})
+        self.seq = 0
+        self.error: BaseException | None = None
+        fit = TorchTrainer(
+            train_loop_per_worker,
+            train_loop_config={**trainer_cfg, "inboxes": self.inboxes, "outbox": self.outbox, "resume": resume},
+            scaling_config=scaling_config,
+            torch_config=torch_config,
+            run_config=RunConfig(name=f"rsft-{uuid.uuid4().hex[:8]}", storage_path=str(storage_path),
+                                 failure_config=FailureConfig(max_failures=0, max_preemption_failures=0)),
+        )
+        self.thread = threading.Thread(target=self._fit, args=(fit,), name="rsft-fit", daemon=True)
+        self.thread.start()
+
+    def _fit(self, fit: Any) -> None:
+        try:
+            fit.fit()
+        except BaseException as e:  # surfaced to the caller by `collect`
+            self.error = e
+
+    def send(self, kind: str, *args: Any) -> int:
+        self.seq += 1
+        for q in self.inboxes:
+            q.put((kind, self.seq, *args))
+        return self.seq
+
+    def collect(self, seq: int, timeout: float | None = None) -> dict:
+        """Wait for every rank's reply to command `seq`; return rank 0's. Raises if a worker failed."""
+        from ray.util.queue import Empty
+
+        replies: dict[int, dict] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(replies) < self.world:
+            try:
+                msg = self.outbox.get(timeout=POLL_S)
+            except Empty:
+                if not self.thread.is_alive():
+                    raise RuntimeError(f"Ray Train run ended unexpectedly: {self.error!r}") from self.error
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"no reply from the Ray Train workers within {timeout:.0f}s")
+                continue
+            if msg["kind"] == "error":
+                raise RuntimeError(f"Ray Train worker failed: {msg['error']}")
+            if msg["seq"] == seq:
+                replies[msg["rank"]] = msg
+        if replies[0]["kind"] == "rejected":
+            raise InvalidExamples(replies[0]["error"])
+        return replies[0]
+
+    def close(self, timeout: float = 120.0) -> None:
+        try:
+            if self.thread.is_alive():
+                self.collect(self.send("stop"), timeout=timeout)
+        except Exception as e:  # the run already failed or hangs: nothing more to ask of it
+            log.warning("trainer session did not stop cleanly: %s", e)
+        self.thread.join(timeout=timeout)
+        if self.thread.is_alive():
+            log.warning("Ray Train run still running after %.0fs", timeout)
+        for q in [*self.inboxes, self.outbox]:
+            q.shutdown(force=True)
+
+
+@ray.remote(num_cpus=0)
+class Trainer:
+    """RSFT on Ray Train workers (DDP over `cfg["num_workers"]`). Methods are called one at a time.
+
+    The weight version is the learner's step: +1 for every `train_step` that trained, restored by
+    `load_checkpoint`. Paths should be absolute (workers run in their own directories)."""
+
+    def __init__(self, model_path: str, cfg: dict, checkpoint_dir: str, *, seed: int = 0,
+                 resources_per_worker: dict[str, float] | None = None, max_len: int | None = None) -> None:
+        from ray.train import ScalingConfig
+        from ray.train.torch import TorchConfig
+
+        w = WeightPhaseConfig.model_validate(cfg)
+        self.checkpoint_dir = Path(checkpoint_dir).resolve()
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        resources = dict(resources_per_worker or {"CPU": DEFAULT_CPUS_PER_WORKER})
+        if w.use_gpu:
+            resources.setdefault("GPU", 1)
+        self._scaling = ScalingConfig(num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources)
+        self._torch_config = TorchConfig(backend="nccl" if w.use_gpu else "gloo")
+        self._trainer_cfg = {"model_path": str(Path(model_path).resolve()),
+                             "learner": _learner_kwargs(cfg, seed, max_len)}
+        self._session: _Session | None = None
+        self._resume: str | None = None  # where a new session starts from (None: model_path)
+        self._weights: dict[str, torch.Tensor] | None = None
+        self._version = 0
+        self._broken: str | None = None
+        self._closed = False
+
+    # ---------------------------------------------------------------------------------- session
+    def _start(self) -> _Session:
+        if self._closed:
+            raise RuntimeError("Trainer was shut down")
+        if self._broken is not None:
+            raise RuntimeError(f"Trainer failed earlier ({self._broken}); call load_checkpoint(path) to resume")
+        if self._session is None:
+            session = _Session(self._trainer_cfg, self._scaling, self._torch_config,
+                               self.checkpoint_dir / "ray_train", self._resume)
+            try:
+                ready = session.collect(0, timeout=START_TIMEOUT_S)
+            except BaseException:
+                session.close(timeout=10)
+                raise
+            self._session = session
+            self._adopt(ready)
+        return self._session
+
+    def _adopt(self, reply: dict) -> None:
+        if reply.get("weights") is not None:
+            self._weights = ray.get(reply["weights"])  # owned here from now on, not by the worker
+        if "step" in reply:
+            self._version = int(reply["step"])
+
+    def _call(self, kind: str, *args: Any) -> dict:
+        session = self._start()
+        try:
+            return session.collect(session.send(kind, *args))
+        except InvalidExamples:
+            raise  # nothing changed on the workers: the session stays usable
+        except BaseException as e:
+            self._broken = (str(e).splitlines() or [repr(e)])[0][:300]
+            self._session = None
+            session.close(timeout=30)
+            raise
+
+    # ------------------------------------------------------------------------------- public API
+    def train_step(self, examples: list[SFTExample]) -> dict:
+        """One RSFT step on the accepted examples; metrics include "version" (the weights' version after it)."""
+        if not examples:
+            return _no_op_metrics(self._version)
+        t0 = time.perf_counter()
+        ref = ray.put(_examples(examples))
+        reply = self._call("train", ref)
+        metrics = reply["metrics"]
+        if metrics["trained"]:
+            self._adopt({"weights": reply["weights"], "step": metrics["step"]})
+        return {**metrics, "version": self._version, "wall_s": time.perf_counter() - t0}
+
+    def latest_weights(self) -> dict[str, torch.Tensor]:
+        """The newest state dict (CPU tensors). Pass `trainer.latest_weights.remote()` straight on to
+        `PolicyServer.load_weights.remote(ref, version)`; the driver never needs to fetch it."""
+        if self._weights is None:
+            self._start()
+        return self._weights
+
+    def version(self) -> int:
+        return self._version
+
+    def save_checkpoint(self, path: str) -> str:
+        """HF-format model (+ tokenizer files) + optimizer state + rsft_state.json; returns the path."""
+        path = str(Path(path).resolve())
+        self._call("save", path)
+        return path
+
+    def load_checkpoint(self, path: str) -> None:
+        """Restore model, optimizer and version from a `save_checkpoint` directory (exact resume)."""
+        p = Path(path).resolve()
+        _check_checkpoint(p)
+        if self._session is None:  # a new session can start straight from it
+            self._broken, self._resume = None, str(p)
+            self._start()
+        else:
+            self._adopt(self._call("load", str(p)))
+        self._resume = str(p)
+
+    def release_workers(self) -> None:
+        """Save the full state under checkpoint_dir/live and end the Ray Train run, freeing its CPUs/GPUs.
+        The next call starts a new run from that state (costs one fit start-up)."""
+        if self._session is None:
+            return
+        live = str(self.checkpoint_dir / "live")
+        self._call("save", live)
+        self._resume = live
+        session, self._session = self._session, None
+        session.close()
+
+    def shutdown(self) -> None:
+        """End the Ray Train run and free its workers and queues. Idempotent."""
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()

@@ -1,0 +1,271 @@
+"""Loaders for the public math formats, and the splits.
+
+Formats (parquet, or JSONL with one JSON object per line):
+  * DAPO-Math-17K: `prompt` = list of chat messages {role, content} (the question is the first user
+    message's content; DAPO's fixed "Solve the following math problem ... Answer:" wrapper is removed),
+    `reward_model` = {ground_truth, ...}; optional `extra_info` = {index, ...} (the id) and `data_source`.
+  * AIME 2024 / 2025: `Problem` and `Answer` (or `problem` / `answer`; `question` is accepted too),
+    optional `ID` / `id`. Integer answers become strings.
+A file is read as DAPO when it has a `prompt` or `reward_model` column, else as AIME.
+
+Problems: a missing, unreadable or wrongly named file, or a missing required column, raises DataError
+with a one-line message naming the file. A row with a missing or empty field is skipped with a logged
+warning (file, row, and the count of skipped rows); rows are numbered from 0 in parquet files and
+lines from 1 in JSONL files. A file with no usable row raises DataError. Repeated questions are kept
+once (the published DAPO-Math-17K parquet repeats each of its 17,917 problems many times).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from whale_ray.domain import DataError, Splits
+from whale_ray.records import Task
+
+from . import generator
+
+if TYPE_CHECKING:
+    from whale_ray.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = (".parquet", ".jsonl")
+DAPO_PROMPT_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+AIME_PROBLEM_COLUMNS = ("Problem", "problem", "question")
+AIME_ANSWER_COLUMNS = ("Answer", "answer")
+AIME_ID_COLUMNS = ("ID", "id")
+MAX_ROW_WARNINGS = 5  # per file; the summary line always has the total
+
+
+# --- reading files ---------------------------------------------------------------------------------
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+class _Rows:
+    """The rows of one file: column names, and (row label, record) pairs."""
+
+    def __init__(self, path: Path, columns: list[str], records: Iterable[tuple[str, dict[str, Any]]]):
+        self.path, self.columns, self.records = path, columns, records
+
+
+def _check_path(path: Path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in EXTENSIONS:
+        raise DataError(f"data file {path}: unsupported extension {path.suffix!r} (expected .parquet or .jsonl)")
+    if not path.is_file():
+        raise DataError(f"data file {path}: not found")
+    return path
+
+
+def _read_parquet(path: Path) -> _Rows:
+    """Rows batch by batch, so memory follows the distinct problems, not the 1.8M-row DAPO file."""
+    try:
+        pfile = pq.ParquetFile(path)
+        columns = pfile.schema_arrow.names
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(f"data file {path}: not a readable parquet file ({_first_line(e)})") from None
+
+    def records():
+        i = 0
+        try:
+            for batch in pfile.iter_batches(batch_size=8192):
+                values = {name: batch.column(name).to_pylist() for name in columns}
+                for j in range(batch.num_rows):
+                    yield f"row {i}", {name: values[name][j] for name in columns}
+                    i += 1
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"data file {path}: not a readable parquet file at row {i} ({_first_line(e)})") from None
+
+    return _Rows(path, columns, records())
+
+
+def _read_jsonl(path: Path) -> _Rows:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"data file {path}: not readable ({type(e).__name__})") from None
+    parsed: list[tuple[str, dict[str, Any]]] = []
+    columns: dict[str, None] = {}
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"data file {path}: line {n} is not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"data file {path}: line {n} is not a JSON object")
+        columns.update(dict.fromkeys(obj))
+        parsed.append((f"line {n}", obj))
+    return _Rows(path, list(columns), parsed)
+
+
+def _read(path: Path) -> _Rows:
+    path = _check_path(path)
+    return _read_parquet(path) if path.suffix.lower() == ".parquet" else _read_jsonl(path)
+
+
+# --- turning rows into tasks -----------------------------------------------------------------------
+
+
+def _text(value: Any) -> str | None:
+    """A non-empty string for a field value (numbers become strings), else None."""
+    if value is None or isinstance(value, (dict, list, bool)):
+        return None
+    if isinstance(value, float):
+        value = int(value) if value.is_integer() else value
+    s = str(value).strip()
+    return s or None
+
+
+def _pick(columns: list[str], candidates: tuple[str, ...]) -> str | None:
+    return next((c for c in candidates if c in columns), None)
+
+
+def _dapo_question(prompt: Any) -> str | None:
+    if isinstance(prompt, str):
+        content = prompt
+    elif isinstance(prompt, list):
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        content = users[0].get("content") if users else None
+    else:
+        return None
+    text = _text(content)
+    if text is None:
+        return None
+    return _text(text.removeprefix(DAPO_PROMPT_PREFIX.strip()).removesuffix(DAPO_PROMPT_SUFFIX.strip()))
+
+
+def _dapo_row(rec: dict[str, Any]) -> tuple[str | None, str | None, Any, str | None]:
+    question = _dapo_question(rec.get("prompt"))
+    reward = rec.get("reward_model")
+    answer = _text(reward.get("ground_truth")) if isinstance(reward, dict) else None
+    extra = rec.get("extra_info")
+    index = extra.get("index") if isinstance(extra, dict) else None
+    return question, answer, index, _text(rec.get("data_source"))
+
+
+def _tasks_from_rows(rows: _Rows, fmt: str | None = None) -> list[Task]:
+    path, cols, stem = rows.path, rows.columns, rows.path.stem
+    if fmt is None:
+        fmt = "dapo" if ("prompt" in cols or "reward_model" in cols) else "aime"
+    if fmt == "dapo":
+        for required in ("prompt", "reward_model"):
+            if required not in cols:
+                raise DataError(f"data file {path}: missing column {required!r}")
+    else:
+        fmt = "aime"
+        q_col, a_col, id_col = (_pick(cols, c) for c in (AIME_PROBLEM_COLUMNS, AIME_ANSWER_COLUMNS, AIME_ID_COLUMNS))
+        if q_col is None:
+            raise DataError(f"data file {path}: missing column 'Problem' (or 'problem'; a DAPO file needs 'prompt')")
+        if a_col is None:
+            raise DataError(f"data file {path}: missing column 'Answer' (or 'answer')")
+
+    tasks: list[Task] = []
+    seen_ids: set[str] = set()
+    seen_questions: set[str] = set()
+    skipped: list[str] = []
+    duplicates = 0
+    n_rows = 0
+    for n, (label, rec) in enumerate(rows.records):
+        n_rows += 1
+        if fmt == "dapo":
+            question, answer, index, source = _dapo_row(rec)
+        else:
+            question, answer = _text(rec.get(q_col)), _text(rec.get(a_col))
+            index, source = (rec.get(id_col) if id_col else None), None
+        if question is None or answer is None:
+            missing = " and ".join(f for f, v in (("question", question), ("answer", answer)) if v is None)
+            if len(skipped) < MAX_ROW_WARNINGS:
+                log.warning("data file %s: %s: missing or empty %s; skipped", path, label, missing)
+            skipped.append(label)
+            continue
+        if question in seen_questions:
+            duplicates += 1
+            continue
+        seen_questions.add(question)
+        task_id = f"{stem}-{_text(index) or n}"
+        if task_id in seen_ids:
+            task_id = f"{stem}-{label.replace(' ', '')}"
+        seen_ids.add(task_id)
+        tasks.append(Task(id=task_id, question=question, answer=answer, meta={"source": source or stem}))
+
+    if skipped:
+        log.warning("data file %s: skipped %d of %d rows with a missing or empty field", path, len(skipped), n_rows)
+    if duplicates:
+        log.info("data file %s: %d repeated questions kept once (%d distinct)", path, duplicates, len(tasks))
+    if not tasks:
+        raise DataError(f"data file {path}: no usable rows ({len(skipped)} of {n_rows} skipped)")
+    return tasks
+
+
+def load_tasks(path: Path | str) -> list[Task]:
+    """The tasks of one DAPO- or AIME-style file (parquet or JSONL), distinct by question text."""
+    return _tasks_from_rows(_read(Path(path)))
+
+
+def load_dapo(path: Path | str) -> list[Task]:
+    """A DAPO-Math-17K style file: columns `prompt` and `reward_model` required."""
+    return _tasks_from_rows(_read(Path(path)), "dapo")
+
+
+def load_aime(path: Path | str) -> list[Task]:
+    """An AIME 2024/2025 style file: `Problem`/`problem` and `Answer`/`answer` required."""
+    return _tasks_from_rows(_read(Path(path)), "aime")
+
+
+# --- splits ----------------------------------------------------------------------------------------
+
+
+def _generated_splits(data: "DataConfig", seed: int) -> Splits:
+    sizes = {"weight": data.n_weight, "harness": data.n_harness, "val": data.n_val, "test": data.n_test}
+    s = generator.generate_splits(sizes, seed)
+    return Splits(weight=s["weight"], harness=s["harness"], val=s["val"], test=s["test"])
+
+
+def _file_splits(data: "DataConfig", seed: int) -> Splits:
+    assert data.train_path is not None  # DataConfig checks it for source "files"
+    test: list[Task] = []
+    test_questions: set[str] = set()
+    for p in data.test_paths:
+        for t in load_tasks(p):
+            if t.question.strip() not in test_questions:
+                test_questions.add(t.question.strip())
+                test.append(t)
+    train = load_tasks(data.train_path)
+    clean = [t for t in train if t.question.strip() not in test_questions]
+    if len(clean) < len(train):
+        log.warning("data file %s: %d problems also in the test files left out of training", data.train_path,
+                    len(train) - len(clean))
+    random.Random(seed).shuffle(clean)
+    val = clean[: data.n_val]
+    harness = clean[len(val) : len(val) + data.n_harness]
+    weight = clean[len(val) + len(harness) : len(val) + len(harness) + data.n_weight]
+    if not weight:
+        raise DataError(
+            f"data file {data.train_path}: {len(clean)} usable problems are too few; D_val ({data.n_val}) and "
+            f"D_harness ({data.n_harness}) are taken first and D_weight needs at least one more"
+        )
+    return Splits(weight=weight, harness=harness, val=val, test=test)
+
+
+def load_splits(data: "DataConfig", seed: int) -> Splits:
+    """Disjoint D_weight / D_harness / D_val / D_test from the generator or from files."""
+    if data.source == "generated":
+        return _generated_splits(data, seed)
+    return _file_splits(data, seed)

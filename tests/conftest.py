@@ -1,0 +1,54 @@
+"""Shared fixtures: one real local Ray cluster and one small embedded policy per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from whale_ray.config import WhaleConfig, load_config
+
+# Small enough to run each condition in seconds, large enough that every phase does real work.
+SMALL = {
+    "cycles": 2, "E": 0.5, "I": 2,
+    "data.n_weight": 8, "data.n_harness": 4, "data.n_val": 4, "data.n_test": 4,
+    "weight.samples_per_prompt": 2, "weight.prompts_per_step": 2,
+    "harness_phase.candidates_per_iteration": 2,
+    "eval.test_samples": 2, "eval.val_samples": 1,
+    "sandbox.slots": 8, "sandbox.wall_s": 20,
+    "adaptive.weight_min_epochs": 0.25, "adaptive.weight_window": 1, "adaptive.weight_max_epochs": 0.75,
+    "adaptive.harness_min_iterations": 2, "adaptive.harness_patience": 1, "adaptive.harness_max_iterations": 3,
+}
+
+
+def small_config(run_dir: Path, **overrides) -> WhaleConfig:
+    values = {**SMALL, "run_dir": str(run_dir), **{k.replace("__", "."): v for k, v in overrides.items()}}
+    cfg = load_config(None, values)
+    cfg.run_dir = Path(cfg.run_dir).resolve()
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def whale_cache(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("whale-cache")
+    os.environ["WHALE_CACHE"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(whale_cache) -> str:
+    from whale_ray.domain import get_domain
+    from whale_ray.policy.tiny import build_embedded_policy
+
+    return str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=whale_cache, warmstart_steps=60,
+                                     seed=0, progress=False))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -1,0 +1,71 @@
+"""Bad input to `whale run`: a one-line error naming the input, exit code 2, and no run directory."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+
+def whale(*args: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "whale_ray.cli", "run", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"})
+
+
+def dapo_file(path, rows):
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+@pytest.fixture
+def files(tmp_path):
+    good_row = {"prompt": [{"role": "user", "content": "What is 2 + 3?"}], "reward_model": {"ground_truth": "5"}}
+    train = dapo_file(tmp_path / "train.parquet", [good_row])
+    no_column = dapo_file(tmp_path / "nocol.parquet", [{"prompt": good_row["prompt"]}])
+    aime = tmp_path / "aime.jsonl"
+    aime.write_text('{"Problem": "What is 1 + 1?", "Answer": "2"}\n')
+    syntax = tmp_path / "broken.py"
+    syntax.write_text("def run(task, agent):\n    return (\n")
+    no_run = tmp_path / "norun.py"
+    no_run.write_text("def solve(task):\n    return None\n")
+    return {"train": train, "nocol": no_column, "aime": aime, "syntax": syntax, "norun": no_run}
+
+
+def data_config(tmp_path, name, train, test) -> str:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(f"data:\n  source: files\n  train_path: {train}\n  test_paths: [{test}]\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        (["--domain", "chemistry"], "unknown domain 'chemistry'"),
+        (["--condition", "bogus"], "unknown condition 'bogus'"),
+        (["--E", "0"], "E must be a positive"),
+        (["--E", "-0.5"], "E must be a positive"),
+        (["--I", "0"], "I must be a positive"),
+        (["--harness", "{syntax}"], "syntax error at line"),
+        (["--harness", "{norun}"], "run"),
+        (["--harness", "{missing}"], "missing.py"),
+        (["--model", "{missing}"], "not a Hugging Face checkpoint directory"),
+        (["--config", "{missing_data}"], "nothere.parquet"),
+        (["--config", "{no_column}"], "missing column 'reward_model'"),
+    ],
+)
+def test_bad_input_is_one_line_and_leaves_no_run_dir(case, needle, tmp_path, files):
+    subs = {
+        "syntax": files["syntax"], "norun": files["norun"], "missing": tmp_path / "missing.py",
+        "missing_data": data_config(tmp_path, "missing_data", tmp_path / "nothere.parquet", files["aime"]),
+        "no_column": data_config(tmp_path, "no_column", files["nocol"], files["aime"]),
+    }
+    args = [a.format(**subs) for a in case] + ["--run-dir", str(tmp_path / "run")]
+    result = whale(*args, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr + result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("whale: error:"), result.stdout
+    assert needle in lines[0]
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,54 @@
+import pytest
+
+from whale_ray.config import ConfigError, load_config
+
+
+def test_defaults_are_the_papers_schedule():
+    cfg = load_config()
+    assert (cfg.condition, cfg.E, cfg.I, cfg.domain) == ("whale", 0.6, 6, "math_reasoning")
+    assert cfg.harness_phase.candidates_per_iteration == 3
+    assert cfg.eval.test_samples == 8
+
+
+def test_flags_override_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("E: 0.2\nI: 2\nweight:\n  samples_per_prompt: 4\n")
+    cfg = load_config(path, {"I": 6, "weight.prompts_per_step": 8})
+    assert (cfg.E, cfg.I, cfg.weight.samples_per_prompt, cfg.weight.prompts_per_step) == (0.2, 6, 4, 8)
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"E": 0}, "E must be a positive"),
+        ({"E": -1}, "E must be a positive"),
+        ({"I": 0}, "I must be a positive"),
+        ({"condition": "bogus"}, "unknown condition 'bogus'"),
+        ({"domain": "chemistry"}, "unknown domain 'chemistry'"),
+        ({"weight.samples_per_prompt": 0}, "weight.samples_per_prompt"),
+        ({"weight.nonsense": 1}, "weight.nonsense"),
+        ({"data.source": "files"}, "needs data.train_path"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert needle in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("E: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("3\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(scalar)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("condtion: whale\n")
+    with pytest.raises(ConfigError, match=str(typo)):
+        load_config(typo)

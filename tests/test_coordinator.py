@@ -1,0 +1,61 @@
+"""Each condition end to end on a real local Ray cluster, the embedded policy and real sandboxes."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from actors.coordinator import Coordinator
+from tests.conftest import small_config
+from whale_ray.archive import Archive
+from whale_ray.run_state import RunState
+
+EXPECTED_PHASES = {
+    "rsft_only": ["1:weight", "2:weight"],
+    "mh_only": ["1:harness", "2:harness"],
+    "whale": ["1:weight", "1:harness", "2:weight", "2:harness"],
+    "adaptive_whale": ["1:weight", "1:harness", "2:weight", "2:harness"],
+    "stagewise": ["1:weight", "2:weight", "3:harness", "4:harness"],
+}
+
+
+def rollout_rows(run_dir, prefix):
+    return [pq.read_table(p) for p in sorted((run_dir / "rollouts").glob(f"{prefix}*.parquet"))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("condition", list(EXPECTED_PHASES))
+def test_condition_runs_its_phases(condition, tmp_path, ray_cluster, tiny_policy):
+    cfg = small_config(tmp_path / condition, condition=condition)
+    history = Coordinator(cfg, tiny_policy).run()
+    state = RunState.load(cfg.run_dir)
+    assert state.finished
+    assert [p.rsplit(":", 1)[0] for p in state.phases_done] == EXPECTED_PHASES[condition]
+    assert len(history) == len(EXPECTED_PHASES[condition]) - (condition in ("whale", "adaptive_whale")) * 2
+
+    weight_tables = rollout_rows(cfg.run_dir, "weight-")
+    n_weight = sum(t.num_rows for t in weight_tables)
+    assert n_weight == state.ledger.weight_rollouts
+    archive = Archive(cfg.run_dir / "archive")
+    evaluated = archive.candidates(status="evaluated")
+    if "weight" in " ".join(EXPECTED_PHASES[condition]):
+        assert n_weight > 0
+        # every rollout row keeps the exact token ids of every model call
+        calls = weight_tables[0].column("calls").to_pylist()
+        assert calls[0] and calls[0][0]["prompt_ids"] and calls[0][0]["completion_ids"]
+    else:
+        assert n_weight == 0 and state.weight_version == 0
+    if "harness" in " ".join(EXPECTED_PHASES[condition]):
+        assert len(evaluated) >= 2  # the seed and at least one proposal
+        assert state.ledger.harness_rollouts > 0
+    else:
+        assert [c.id for c in archive.candidates()] == ["h0"]
+        assert state.ledger.harness_rollouts == 0
+    # the test split is reported every cycle, for the pair chosen on val
+    for row in history:
+        assert 0.0 <= row.test_mean8 <= 1.0
+    assert state.best is not None
+    report = json.loads((cfg.run_dir / "state.json").read_text())
+    assert report["ledger"]["eval_rollouts"] > 0

@@ -1,0 +1,443 @@
+"""The embedded tiny policy (build, cache, tokenizer, chat template) and the transformers engine.
+
+Everything here builds its own small checkpoint (60 warm-start steps on a stand-in arithmetic corpus) in a
+temporary directory, so the tests never read or write the user's cache. The engines run on CPU unless
+WHALE_TEST_DEVICE names another device (e.g. cuda).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from whale_ray.domain import Domain
+from whale_ray.policy import (
+    CheckpointError,
+    GenerationRequest,
+    TransformersEngine,
+    build_embedded_policy,
+    check_request,
+    load_policy,
+    make_engine,
+    read_build_info,
+)
+from whale_ray.policy import tiny
+from whale_ray.policy.engine import sample_rows
+from whale_ray.records import SamplingParams
+
+SYSTEM = "Solve the problem. Give the final answer as \\boxed{N}."
+STEPS = 60
+DEVICE = os.environ.get("WHALE_TEST_DEVICE", "cpu")
+
+
+class StandInDomain(Domain):
+    """Arithmetic conversations in the shape of a math domain: direct answers, and one tool round-trip."""
+
+    name = "standin"
+    folder = Path(".")
+
+    def load_splits(self, data, seed):  # pragma: no cover - not used here
+        raise NotImplementedError
+
+    def verify(self, task, response):  # pragma: no cover - not used here
+        return 0.0
+
+    def warmstart_conversations(self, n, seed):
+        rng = random.Random(seed)
+        out = []
+        for _ in range(n):
+            a, b, op = rng.randint(0, 99), rng.randint(0, 99), rng.choice("+-*")
+            val = eval(f"{a}{op}{b}")
+            q = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {a} {op} {b}?"}]
+            if rng.random() < 0.5:
+                out.append(q + [{"role": "assistant", "content": f"{a} {op} {b} = {val}.\n\\boxed{{{val}}}"}])
+            else:
+                out.append(q + [
+                    {"role": "assistant", "content": f"```python\nprint({a} {op} {b})\n```"},
+                    {"role": "tool", "content": f"{val}\n"},
+                    {"role": "assistant", "content": f"The result is {val}.\n\\boxed{{{val}}}"},
+                ])
+        return out
+
+
+def ask(q: str, **sampling) -> GenerationRequest:
+    return GenerationRequest(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}], SamplingParams(**sampling)
+    )
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    t0 = time.perf_counter()
+    path = build_embedded_policy(StandInDomain(), cache_dir=cache, warmstart_steps=STEPS, seed=0, progress=False)
+    return path, cache, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="session")
+def engine(built):
+    return TransformersEngine(built[0], device=DEVICE, max_batch=64, seed=0)
+
+
+@pytest.fixture()
+def counted(engine):
+    calls = []
+    handle = engine.model.register_forward_hook(lambda *a: calls.append(1))
+    yield engine, calls
+    handle.remove()
+
+
+# -- the build ----------------------------------------------------------------------------------------------
+
+
+def test_build_is_cached_and_loadable(built):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3ForCausalLM
+
+    path, cache, first_s = built
+    t0 = time.perf_counter()
+    again = build_embedded_policy(StandInDomain(), cache_dir=cache, warmstart_steps=STEPS, seed=0, progress=False)
+    assert again == path and time.perf_counter() - t0 < 1.0
+    assert path.name.startswith("tiny-standin-") and not list(cache.glob(".*.tmp-*"))
+
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    assert isinstance(model, Qwen3ForCausalLM) and model.config.tie_word_embeddings
+    assert 300_000 < sum(p.numel() for p in model.parameters()) < 3_000_000
+    assert (path / "model.safetensors").is_file() and (path / "generation_config.json").is_file()
+    assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+    assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    info = read_build_info(path)
+    assert info["steps"] == STEPS and info["loss_end"] < info["loss_start"]
+    assert info["key"]["domain"] == "standin" and info["key"]["seed"] == 0
+
+
+def test_build_key_depends_on_steps_seed_and_data(tmp_path):
+    class Changed(StandInDomain):
+        def warmstart_conversations(self, n, seed):
+            return [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}] for _ in range(n)]
+
+    a = build_embedded_policy(StandInDomain(), cache_dir=tmp_path, warmstart_steps=0, progress=False)
+    assert build_embedded_policy(StandInDomain(), cache_dir=tmp_path, warmstart_steps=0, seed=1, progress=False) != a
+    assert build_embedded_policy(StandInDomain(), cache_dir=tmp_path, warmstart_steps=1, progress=False) != a
+    assert build_embedded_policy(Changed(), cache_dir=tmp_path, warmstart_steps=0, progress=False) != a
+
+
+def test_build_is_atomic(tmp_path, monkeypatch):
+    stale = tmp_path / ".tiny-standin-0000.tmp-old"  # what a killed build of another key leaves: not ours
+    stale.mkdir()
+
+    def killed(model, examples, **kw):
+        raise KeyboardInterrupt("killed mid-training")
+
+    monkeypatch.setattr(tiny, "_train", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_embedded_policy(StandInDomain(), cache_dir=tmp_path, warmstart_steps=5, progress=False)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("tiny-")]  # no half cache
+    assert [p.name for p in tmp_path.glob(".*.tmp-*")] == [stale.name]
+
+    monkeypatch.undo()
+    # a build dir left by a SIGKILLed build of the same key is swept by the next build
+    path = build_embedded_policy(StandInDomain(), cache_dir=tmp_path, warmstart_steps=0, progress=False)
+    (tmp_path / f".{path.name}.tmp-dead").mkdir()
+    import shutil
+
+    shutil.rmtree(path)
+    assert build_embedded_policy(StandInDomain(), cache_dir=tmp_path, warmstart_steps=0, progress=False) == path
+    assert not (tmp_path / f".{path.name}.tmp-dead").exists() and (path / "config.json").is_file()
+
+
+def test_bad_warmstart_data_is_refused(tmp_path):
+    class Broken(StandInDomain):
+        def warmstart_conversations(self, n, seed):
+            return [[{"role": "user", "content": "no answer here"}]] * n
+
+    with pytest.raises(ValueError, match="needs at least one assistant turn"):
+        build_embedded_policy(Broken(), cache_dir=tmp_path, warmstart_steps=0, progress=False)
+    with pytest.raises(ValueError, match="warmstart_steps"):
+        build_embedded_policy(StandInDomain(), cache_dir=tmp_path, warmstart_steps=-1, progress=False)
+
+
+# -- tokenizer and chat template -------------------------------------------------------------------------------
+
+
+def test_tokenizer_round_trips_any_text(engine):
+    tok = engine.tokenizer
+    for text in ["héllo wörld — 你好, мир! 🐋🧪 ∑x² ≠ ∞", "  tabs\tand\n\nnewlines  ", "Ünïcödé ß ﬁ \u200b\x00",
+                 "never seen: Zygote quantum ×÷ 3.14159e-7", "", "<b>&amp;</b> \\boxed{42}"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids, clean_up_tokenization_spaces=False) == text
+    assert len(tok("12345", add_special_tokens=False)["input_ids"]) == 5  # digits one by one
+    assert 256 < len(tok) <= 1024
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok("a<|im_end|>", add_special_tokens=False)["input_ids"][-1] == im_end
+
+
+def test_chat_template_prefix_property(engine):
+    tok = engine.tokenizer
+    convs = StandInDomain().warmstart_conversations(30, seed=5)
+    convs.append([{"role": "user", "content": "x"}, {"role": "assistant", "content": " leading space\n"},
+                  {"role": "user", "content": "y"}, {"role": "assistant", "content": "ünï 12"}])
+    checked = 0
+    for conv in convs:
+        for i, m in enumerate(conv):
+            if m["role"] != "assistant":
+                continue
+            prompt = tok.apply_chat_template(conv[:i], tokenize=False, add_generation_prompt=True)
+            assert prompt == tiny._render_chat(conv[:i], True) and prompt.endswith("<|im_start|>assistant\n")
+            full = tok.apply_chat_template(conv[: i + 1], tokenize=False)
+            assert full == prompt + m["content"] + "<|im_end|>\n"
+            p_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+            t_ids = tok(m["content"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            full_ids = tok(full, add_special_tokens=False)["input_ids"]
+            assert full_ids[: len(p_ids) + len(t_ids)] == p_ids + t_ids
+            checked += 1
+    assert checked > 40
+
+    # the SFT sequences: every target span continues exactly the inference-time prompt of its turn
+    examples, dropped = tiny.encode_sft_examples(tok, convs, max_len=512)
+    assert dropped == 0 and len(examples) == len(convs)  # turns of a conversation share one sequence
+    for (ids, labels), conv in zip(examples, convs):
+        turns = [i for i, m in enumerate(conv) if m["role"] == "assistant"]
+        starts = [j for j in range(len(labels)) if labels[j] != -100 and (j == 0 or labels[j - 1] == -100)]
+        assert len(starts) == len(turns)
+        for start, i in zip(starts, turns):
+            p_ids = tok(tiny._render_chat(conv[:i], True), add_special_tokens=False)["input_ids"]
+            t_ids = tok(conv[i]["content"] + "<|im_end|>", add_special_tokens=False)["input_ids"]
+            assert ids[:start] == p_ids and ids[start : start + len(t_ids)] == t_ids == labels[start : start + len(t_ids)]
+        assert labels[-1] == tok.convert_tokens_to_ids("<|im_end|>")
+        assert all(labels[j] in (-100, ids[j]) for j in range(len(ids)))
+
+
+# -- the engine ------------------------------------------------------------------------------------------------
+
+
+def test_one_forward_per_decode_step(counted):
+    engine, calls = counted
+    reqs = [ask(f"What is {i} + {i + 7}?", max_tokens=12, temperature=1.0, seed=i) for i in range(9)]
+    outs = engine.generate(reqs)
+    assert len(outs) == 9
+    assert len(calls) == max(len(o.completion_ids) for o in outs) <= 12
+    for o in outs:
+        assert len(o.logprobs) == len(o.completion_ids) > 0 and o.finish_reason in ("stop", "length")
+        assert all(lp <= 0 for lp in o.logprobs)
+
+
+def test_chunks_beyond_max_batch(built):
+    small = TransformersEngine(built[0], device=DEVICE, max_batch=4)
+    calls = []
+    small.model.register_forward_hook(lambda *a: calls.append(1))
+    outs = small.generate([ask(f"What is {i} * 3?", max_tokens=3, seed=i) for i in range(10)])
+    assert len(outs) == 10 and len(calls) <= 3 * 3  # three chunks of <= 3 steps
+
+
+def _teacher_forced(engine, out, temperature, top_k, top_p):
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    ids = torch.tensor([out.prompt_ids + out.completion_ids], device=engine.device)
+    with torch.no_grad():
+        logits = engine.model(input_ids=ids).logits[0, len(out.prompt_ids) - 1 : -1].float()
+    if temperature > 0:
+        logits = TemperatureLogitsWarper(temperature)(None, logits)
+        if top_k > 0:
+            logits = TopKLogitsWarper(top_k)(None, logits)
+        if top_p < 1:
+            logits = TopPLogitsWarper(top_p)(None, logits)
+    logp = logits.log_softmax(-1)
+    return logp.gather(1, torch.tensor(out.completion_ids, device=engine.device)[:, None]).squeeze(1).cpu()
+
+
+def test_logprobs_match_teacher_forcing(engine):
+    settings = [(1.0, 20, 1.0), (0.7, 0, 0.9), (1.3, 5, 0.8), (0.0, 20, 1.0), (1.0, 0, 1.0)]
+    reqs = [ask(f"What is {3 * i} - {i}?" + " Please." * i, max_tokens=24, temperature=t, top_k=k, top_p=p, seed=i)
+            for i, (t, k, p) in enumerate(settings)]
+    outs = engine.generate(reqs)
+    for out, (t, k, p) in zip(outs, settings):
+        ref = _teacher_forced(engine, out, t, k, p)
+        assert torch.isfinite(ref).all()  # every sampled token was allowed by top-k / top-p
+        assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-4), (t, k, p)
+
+
+def test_eos_is_kept_and_stop(engine):
+    outs = engine.generate([ask(f"What is {i} + 5?", max_tokens=64, temperature=0.0) for i in range(6)])
+    stopped = [o for o in outs if o.finish_reason == "stop"]
+    assert stopped, [o.text for o in outs]
+    eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for o in stopped:
+        assert o.completion_ids[-1] == eos and eos not in o.completion_ids[:-1]
+        assert "<|im_end|>" not in o.text and "<|endoftext|>" not in o.text
+        assert o.text == engine.tokenizer.decode(o.completion_ids, skip_special_tokens=True)
+    prompt = engine.tokenizer.apply_chat_template(ask("What is 0 + 5?").messages, tokenize=False, add_generation_prompt=True)
+    assert outs[0].prompt_ids == engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def test_max_tokens_gives_length(engine):
+    outs = engine.generate([ask("What is 12 + 30?", max_tokens=2, seed=s) for s in range(4)])
+    for o in outs:
+        assert len(o.completion_ids) == 2 and o.finish_reason == "length"
+
+
+def test_per_request_max_tokens_in_one_batch(counted):
+    engine, calls = counted
+    budgets = [1, 4, 9, 16, 2]
+    outs = engine.generate([ask(f"What is {b} * 7?", max_tokens=b, temperature=1.0, seed=b) for b in budgets])
+    for b, o in zip(budgets, outs):
+        assert len(o.completion_ids) <= b
+        assert (o.finish_reason == "length") == (len(o.completion_ids) == b and o.completion_ids[-1] not in engine.eos_ids)
+    assert len(calls) == max(len(o.completion_ids) for o in outs)
+
+
+def test_stop_strings(engine):
+    base = engine.generate([ask(f"What is {i} + 8?", max_tokens=40, temperature=0.0) for i in range(4)])
+    reqs, expect = [], []
+    for i, b in enumerate(base):
+        text = b.text
+        assert len(text) >= 6, text
+        stop = text[3:5]
+        reqs.append(ask(f"What is {i} + 8?", max_tokens=40, temperature=0.0, stop=("@@never@@", stop)))
+        expect.append((b, stop))
+    outs = engine.generate(reqs)
+    tok = engine.tokenizer
+    for o, (b, stop) in zip(outs, expect):
+        assert o.finish_reason == "stop"
+        assert o.text == b.text[: b.text.find(stop)]
+        ids = o.completion_ids
+        assert ids == b.completion_ids[: len(ids)]  # same path, cut early
+        assert stop in tok.decode(ids, skip_special_tokens=True)  # the last token completes the stop string
+        assert stop not in tok.decode(ids[:-1], skip_special_tokens=True)
+        assert len(o.logprobs) == len(ids)
+
+
+def test_seeded_requests_are_deterministic(built, engine):
+    req = ask("What is 41 + 17?", max_tokens=20, temperature=1.0, top_k=0, seed=123)
+    a = engine.generate([req])[0]
+    b = engine.generate([req])[0]
+    assert a == b
+    # the same request in a batch with other (longer, left-padded) prompts samples the same tokens
+    mixed = engine.generate([ask("What is 5 * 5? " + "Think. " * 9, max_tokens=30, seed=1), req, ask("Hi", max_tokens=3)])
+    assert mixed[1].completion_ids == a.completion_ids
+    assert torch.allclose(torch.tensor(mixed[1].logprobs), torch.tensor(a.logprobs), atol=1e-4)
+    # unseeded requests draw from the engine's seed: reproducible across engines, varied across calls
+    unseeded = [ask("What is 41 + 17?", max_tokens=20, top_k=0) for _ in range(4)]
+    e1, e2 = (TransformersEngine(built[0], device=DEVICE, seed=7) for _ in range(2))
+    first = [o.completion_ids for o in e1.generate(unseeded)]
+    assert first == [o.completion_ids for o in e2.generate(unseeded)]
+    assert len({tuple(c) for c in first + [o.completion_ids for o in e1.generate(unseeded)]}) > 1
+
+
+def test_load_weights_changes_version_and_outputs(built):
+    eng = TransformersEngine(built[0], device=DEVICE)
+    assert eng.version == 0
+    req = ask("What is 6 + 7?", max_tokens=10, temperature=0.0)
+    before = eng.generate([req])[0]
+    original = eng.state_dict()
+    assert all(v.device.type == "cpu" for v in original.values())
+    zeros = {k: torch.zeros_like(v) for k, v in original.items()}
+    eng.load_weights(zeros, version=1)
+    assert eng.version == 1
+    assert original["model.embed_tokens.weight"].abs().sum() > 0  # the snapshot was a copy
+    after = eng.generate([req])[0]
+    assert after.completion_ids != before.completion_ids
+    no_head = {k: v for k, v in original.items() if k != "lm_head.weight"}  # tied: may be left out
+    eng.load_weights(no_head, version=2)
+    assert eng.version == 2 and eng.generate([req])[0] == before
+
+    with pytest.raises(ValueError, match="not in the model"):
+        eng.load_weights({**original, "bogus.weight": torch.zeros(1)}, version=3)
+    with pytest.raises(ValueError, match="shape mismatch"):
+        eng.load_weights({**original, "model.norm.weight": torch.zeros(3)}, version=3)
+    with pytest.raises(ValueError, match="missing keys"):
+        eng.load_weights({k: v for k, v in original.items() if k != "model.norm.weight"}, version=3)
+    assert eng.version == 2 and eng.generate([req])[0] == before  # refused loads changed nothing
+
+
+def test_load_weights_waits_for_generate(built):
+    eng = TransformersEngine(built[0], device=DEVICE)
+    zeros = {k: torch.zeros_like(v) for k, v in eng.state_dict().items()}
+    req = ask("What is 1 + 1?", max_tokens=30, temperature=0.0)
+    reference = eng.generate([req])[0]
+    results = []
+    t = threading.Thread(target=lambda: results.append(eng.generate([req] * 16)))
+    t.start()
+    time.sleep(0.005)
+    eng.load_weights(zeros, version=5)
+    t.join()
+    # a generate runs on one set of weights from start to end: all rows agree with one of the two versions
+    zeroed = eng.generate([req])[0]
+    ids = [o.completion_ids for o in results[0]]
+    assert ids in ([reference.completion_ids] * 16, [zeroed.completion_ids] * 16)
+    assert zeroed.completion_ids != reference.completion_ids
+    assert eng.version == 5
+
+
+def test_prompt_longer_than_context(engine):
+    out = engine.generate([ask("1 " * 600, max_tokens=5), ask("What is 2 + 2?", max_tokens=3, seed=0)])
+    assert out[0].completion_ids == [] and out[0].finish_reason == "length" and len(out[0].prompt_ids) >= 512
+    assert len(out[1].completion_ids) > 0
+
+
+def test_bad_requests_are_refused(engine):
+    for sampling, msg in [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
+                          ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"), ({"stop": "x"}, "stop"),
+                          ({"seed": 1.5}, "seed")]:
+        with pytest.raises(ValueError, match=msg):
+            check_request(ask("q", **sampling))
+    with pytest.raises(ValueError, match="messages"):
+        engine.generate([GenerationRequest([], SamplingParams())])
+    with pytest.raises(ValueError, match="content"):
+        check_request(GenerationRequest([{"role": "user"}]))
+    assert engine.generate([]) == []
+
+
+def test_sample_rows_respects_top_k_and_greedy():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0]] * 3)
+    tok, lp = sample_rows(
+        logits, torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0, 1, 2]), torch.tensor([1.0, 1.0, 1.0]),
+        torch.tensor([0.99, 0.99, 0.999]),
+    )
+    assert tok.tolist() == [1, 1, 3]
+    assert abs(lp[0] - torch.log_softmax(logits[0], -1)[1]) < 1e-6 and abs(lp[1]) < 1e-6
+
+
+def test_make_engine(built):
+    assert make_engine("transformers", built[0], device=DEVICE).version == 0
+    with pytest.raises(ValueError, match="unknown engine 'tgi'"):
+        make_engine("tgi", built[0])
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="vllm"):
+            make_engine("vllm", built[0])
+
+
+# -- load_policy -------------------------------------------------------------------------------------------------
+
+
+def test_load_policy_bad_paths(tmp_path, built):
+    missing = tmp_path / "nope"
+    with pytest.raises(CheckpointError, match=f"{missing}.*no such directory"):
+        load_policy(missing)
+    a_file = tmp_path / "model.bin"
+    a_file.write_text("x")
+    with pytest.raises(CheckpointError, match=f"{a_file}.*not a directory"):
+        load_policy(a_file)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match=f"{empty}.*no config.json"):
+        load_policy(empty)
+    (empty / "config.json").write_text((built[0] / "config.json").read_text())
+    with pytest.raises(CheckpointError, match=f"{empty}.*no tokenizer files"):
+        load_policy(empty)
+    with pytest.raises(CheckpointError, match=f"{empty}"):
+        TransformersEngine(empty)
+    model, tok = load_policy(built[0])
+    assert not model.training and tok.chat_template

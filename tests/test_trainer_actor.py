@@ -1,0 +1,130 @@
+"""The Trainer actor on a real local Ray cluster (2 CPUs): steps, weights as object refs, checkpoints,
+data-parallel equivalence, and a clean release of the Ray Train workers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import ray
+import torch
+
+from actors.trainer import LocalTrainer, Trainer
+
+CFG = {"learning_rate": 1e-2, "micro_batch": 2, "sft_epochs_per_step": 1, "num_workers": 1}
+EXAMPLES = [([1, 2, 3], [4, 5, 6, 7]), ([8, 9], [10, 11]), ([12], [13, 14, 15, 16, 17]), ([3, 3, 3], [7])]
+MORE = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13])]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=64)
+    path = tmp_path_factory.mktemp("tiny_qwen3")
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    (path / "tokenizer_config.json").write_text(json.dumps({"marker": "tok"}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trainer(cluster, tiny_model, tmp_path_factory):
+    t = Trainer.remote(str(tiny_model), CFG, str(tmp_path_factory.mktemp("trainer")))
+    try:
+        yield t
+    finally:
+        ray.get(t.shutdown.remote())
+
+
+@ray.remote(num_cpus=0)
+class WeightSink:
+    """Stands in for the PolicyServer: receives the state dict that an object ref resolves to."""
+
+    def load_weights(self, state_dict: dict, version: int) -> dict:
+        total = float(sum(v.double().sum() for v in state_dict.values()))
+        return {"version": version, "keys": sorted(state_dict), "total": total}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_train_step_returns_metrics_and_bumps_version(trainer, tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    initial = ray.get(trainer.latest_weights.remote())
+    assert _same(initial, AutoModelForCausalLM.from_pretrained(tiny_model).state_dict())
+    v0 = ray.get(trainer.version.remote())
+    m = ray.get(trainer.train_step.remote(EXAMPLES))
+    assert m["trained"] and m["version"] == v0 + 1 and m["n_examples"] == 4 and m["n_tokens"] == 12
+    assert m["loss"] > 0 and m["grad_norm"] > 0
+    with pytest.raises(ValueError, match="vocabulary"):  # rejected on the workers; the run goes on
+        ray.get(trainer.train_step.remote([([1], [999])]))
+    empty = ray.get(trainer.train_step.remote([]))
+    assert empty["trained"] is False and empty["version"] == v0 + 1 and empty["n_examples"] == 0
+
+    after = ray.get(trainer.latest_weights.remote())
+    assert not _same(initial, after)
+    # the PolicyServer path: the ref goes straight from the Trainer to another actor
+    got = ray.get(WeightSink.remote().load_weights.remote(trainer.latest_weights.remote(), m["version"]))
+    assert got["version"] == m["version"] and got["keys"] == sorted(after)
+    assert got["total"] == pytest.approx(float(sum(v.double().sum() for v in after.values())))
+
+
+def test_checkpoint_loads_in_transformers_and_resumes_exactly(trainer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    ray.get(trainer.train_step.remote(EXAMPLES))
+    path = ray.get(trainer.save_checkpoint.remote(str(tmp_path / "ckpt")))
+    saved = ray.get(trainer.latest_weights.remote())
+    v = ray.get(trainer.version.remote())
+    assert _same(AutoModelForCausalLM.from_pretrained(path).state_dict(), saved)
+    assert json.loads((tmp_path / "ckpt" / "tokenizer_config.json").read_text()) == {"marker": "tok"}
+
+    m1 = ray.get(trainer.train_step.remote(MORE))
+    w1 = ray.get(trainer.latest_weights.remote())
+    ray.get(trainer.train_step.remote(MORE))  # move further away
+    ray.get(trainer.load_checkpoint.remote(path))
+    assert ray.get(trainer.version.remote()) == v
+    assert _same(ray.get(trainer.latest_weights.remote()), saved)
+    m2 = ray.get(trainer.train_step.remote(MORE))  # the same step again from the same state: same result
+    assert m2["version"] == m1["version"] == v + 1 and m2["loss"] == m1["loss"]
+    assert _same(ray.get(trainer.latest_weights.remote()), w1)
+
+
+def test_release_workers_then_continue(trainer):
+    before = ray.get(trainer.latest_weights.remote())
+    v = ray.get(trainer.version.remote())
+    ray.get(trainer.release_workers.remote())
+    assert _same(ray.get(trainer.latest_weights.remote()), before)  # served without workers
+    m = ray.get(trainer.train_step.remote(MORE))  # restarts the Ray Train run from the saved state
+    assert m["trained"] and m["version"] == v + 1
+
+
+def test_two_workers_match_one_process_and_leave_nothing_behind(cluster, tiny_model, tmp_path):
+    cfg = {**CFG, "num_workers": 2}
+    local = LocalTrainer(str(tiny_model), cfg, str(tmp_path / "local"))
+    ddp = Trainer.remote(str(tiny_model), cfg, str(tmp_path / "ddp"))
+    try:
+        for batch in (EXAMPLES + MORE, EXAMPLES[:1]):  # the second leaves rank 1 without examples
+            m, ml = ray.get(ddp.train_step.remote(batch)), local.train_step(batch)
+            assert m["version"] == ml["version"] and m["n_tokens"] == ml["n_tokens"]
+            assert m["loss"] == pytest.approx(ml["loss"], rel=1e-5)
+            w, wl = ray.get(ddp.latest_weights.remote()), local.latest_weights()
+            for k in wl:
+                torch.testing.assert_close(w[k], wl[k], atol=1e-4, rtol=1e-4)
+    finally:
+        ray.get(ddp.shutdown.remote())
+    ddp_groups = [pg["state"] for pg in ray.util.placement_group_table().values() if len(pg["bundles"]) == 2]
+    assert ddp_groups and all(state == "REMOVED" for state in ddp_groups)

@@ -1,0 +1,189 @@
+"""`whale`: the command line.
+
+    whale run                       math, the whale schedule, the embedded tiny policy, a local Ray cluster
+    whale run --condition rsft_only --E 0.2 --I 6 --run-dir runs/x
+    whale run --config my.yaml --model /models/Qwen3.5-2B
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from whale_ray.config import CONDITIONS, ConfigError, WhaleConfig, dump_config, load_config
+
+console = Console()
+
+# flag -> dotted config key
+FLAG_KEYS = {
+    "domain": "domain", "condition": "condition", "E": "E", "I": "I", "cycles": "cycles", "seed": "seed",
+    "run_dir": "run_dir", "model": "policy.model", "harness": "harness", "engine": "policy.engine",
+    "isolation": "sandbox.isolation", "evaluators": "sandbox.evaluators", "slots": "sandbox.slots",
+}
+
+
+class InputError(Exception):
+    """Bad input found before anything is started; the message is one line naming the input."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="whale", description="WHALE: alternate weight and harness optimisation.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a WHALE study (resumes if the run directory holds one)")
+    run.add_argument("--config", type=Path, help="YAML config file; flags override its values")
+    run.add_argument("--domain", help="domain name (default math_reasoning)")
+    run.add_argument("--condition", help=f"one of {', '.join(CONDITIONS)} (default whale)")
+    run.add_argument("--E", type=float, help="weight-phase budget per cycle, in epochs of D_weight (default 0.6)")
+    run.add_argument("--I", type=int, help="harness iterations per cycle, counting the incoming harness (default 6)")
+    run.add_argument("--cycles", type=int, help="number of cycles (default 3)")
+    run.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (default: embedded tiny policy)")
+    run.add_argument("--harness", type=Path, help="starting harness h0, one Python file (default: the domain's)")
+    run.add_argument("--run-dir", type=Path, help="run directory (default runs/default)")
+    run.add_argument("--seed", type=int)
+    run.add_argument("--engine", choices=["transformers", "vllm"])
+    run.add_argument("--evaluators", type=int, help="SandboxEvaluator actors in the pool")
+    run.add_argument("--slots", type=int, help="concurrent sandboxes per evaluator")
+    run.add_argument("--isolation", choices=["auto", "bwrap", "unsafe_none"],
+                     help="sandbox isolation; 'unsafe_none' runs untrusted harness code without namespaces")
+    run.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    return parser.parse_args(argv)
+
+
+def resolve_config(args: argparse.Namespace) -> WhaleConfig:
+    overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
+    cfg = load_config(args.config, overrides)
+    cfg.run_dir = Path(cfg.run_dir).resolve()  # actors may run elsewhere; config.yaml records where
+    return cfg
+
+
+def check_inputs(cfg: WhaleConfig) -> None:
+    """Everything that can be checked before a run directory is touched."""
+    from whale_ray.domain import DataError, get_domain
+    from whale_ray.harness import HarnessError, load_harness_file
+
+    domain = get_domain(cfg.domain)
+    try:
+        domain.load_splits(cfg.data, cfg.seed)
+    except DataError as e:
+        raise InputError(str(e)) from None
+    try:
+        load_harness_file(Path(cfg.harness) if cfg.harness else domain.h0_path)
+    except HarnessError as e:
+        raise InputError(str(e)) from None
+    if cfg.policy.model is not None:
+        model = Path(cfg.policy.model)
+        if not model.is_dir() or not (model / "config.json").is_file():
+            raise InputError(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
+    config_file = Path(cfg.run_dir) / "config.yaml"
+    if config_file.exists() and config_file.read_text() != dump_config(cfg):
+        raise InputError(f"--run-dir {cfg.run_dir}: holds a run with a different config; "
+                         "relaunch with the same options to resume, or choose another run directory")
+
+
+def base_model(cfg: WhaleConfig) -> str:
+    if cfg.policy.model is not None:
+        return str(Path(cfg.policy.model).resolve())
+    from whale_ray.domain import get_domain
+    from whale_ray.policy.tiny import build_embedded_policy
+
+    cache = Path(os.environ.get("WHALE_CACHE", Path.home() / ".cache" / "whale-ray"))
+    console.print(f"embedded tiny policy: cached under {cache} (built on first use)")
+    path = build_embedded_policy(get_domain(cfg.domain), cache_dir=cache,
+                                 warmstart_steps=cfg.policy.warmstart_steps, seed=cfg.seed)
+    return str(path)
+
+
+def start_ray(address: str | None) -> None:
+    import logging
+
+    import ray
+
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address or os.environ["RAY_ADDRESS"], logging_level=logging.WARNING)
+    else:
+        # Logical CPUs above the core count: generation, training and sandboxes take turns, not all at once.
+        ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, logging_level=logging.WARNING,
+                 log_to_driver=False)
+
+
+def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
+    """Shows progress and each cycle's row while the coordinator works."""
+    import ray
+    from rich.live import Live
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from whale_ray.report import cycle_table
+    from whale_ray.run_state import CycleRow
+
+    bar = Progress(TextColumn("[bold]{task.fields[head]}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console)
+    task = bar.add_task("run", total=None, head="starting", detail="")
+    shown = None
+    with Live(bar, console=console, refresh_per_second=4):
+        while True:
+            ready, _ = ray.wait([run_ref], timeout=0.5)
+            snap = ray.get(coordinator.snapshot.remote())
+            p = snap["progress"]
+            bar.update(task, head=f"cycle {p['cycle']}/{p['cycles']} {p['phase']}", detail=p["detail"],
+                       completed=p["done"], total=p["total"] or None)
+            rows = snap["history"]
+            if shown is None:
+                shown = len(rows)  # rows of an earlier launch were printed then; show only new ones
+            for row in rows[shown:]:
+                console.print(cycle_table([CycleRow(**row)], title=f"cycle {row['cycle']}"))
+            shown = len(rows)
+            if ready:
+                return ray.get(run_ref)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = resolve_config(args)
+    check_inputs(cfg)
+    model = base_model(cfg)
+    started = time.perf_counter()
+    start_ray(args.ray_address)
+    import ray
+
+    from actors.coordinator import CoordinatorActor
+    from whale_ray.report import cycle_table, write_report
+    from whale_ray.run_state import CycleRow, RunState
+
+    coordinator = CoordinatorActor.remote(cfg.model_dump(mode="json"), model)
+    try:
+        watch(coordinator, coordinator.run.remote())
+    finally:
+        ray.shutdown()
+    state = RunState.load(cfg.run_dir)
+    report = write_report(cfg.run_dir, state)
+    console.print(cycle_table([CycleRow(**r.model_dump()) for r in state.history], title="WHALE run summary"))
+    led = state.ledger
+    console.print(f"rollouts: weight phase {led.weight_rollouts}, harness evaluation {led.harness_rollouts} "
+                  f"(training total {led.training_rollouts}); val/test reporting {led.eval_rollouts}")
+    walls = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(state.phase_wall_s.items()))
+    console.print(f"wall time by phase: {walls}; this launch {time.perf_counter() - started:.1f} s")
+    console.print(f"run directory: {cfg.run_dir}  (report: {report})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+    except (ConfigError, InputError) as e:
+        console.print(f"[red]whale: error:[/red] {e}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted: finished work is saved; relaunch the same command to resume")
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Generation engines: chat requests in, completions with exact token ids and log-probs out.
+
+`TransformersEngine` is the default (CPU or one GPU, any local Hugging Face causal-LM checkpoint). One
+`generate` call decodes all its requests together: a single batched, KV-cached forward pass per decoding
+step (chunks of `max_batch` requests; finished rows leave the batch). Per-request sampling parameters
+(temperature, top-k, top-p, max_tokens, stop strings, seed) are applied row by row inside the same batch,
+so requests need not be grouped by their parameters.
+
+Log-probs (`GenerationOutput.logprobs`) are those of the distribution each token was actually sampled
+from: logits / temperature, then top-k, then top-p (the order of Hugging Face's logits warpers), then
+log-softmax. For greedy requests (temperature == 0) they are the log-softmax of the raw logits.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from whale_ray.policy.tiny import check_checkpoint_dir, load_policy
+from whale_ray.records import SamplingParams
+
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict[str, str]]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class GenerationOutput:
+    text: str  # the completion decoded without special tokens, cut before a stop string
+    prompt_ids: list[int]  # the chat template with add_generation_prompt, tokenised
+    completion_ids: list[int]  # generated ids, including the eos when one was produced
+    logprobs: list[float]  # one per completion id, under the sampling distribution used (module docstring)
+    finish_reason: str  # "stop" (eos or stop string) | "length" (max_tokens or the context window)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    @property
+    def version(self) -> int: ...
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]: ...
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None: ...
+
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
+
+
+def check_request(request: GenerationRequest) -> None:
+    """ValueError naming the problem when a request cannot be served (bad messages or sampling values).
+
+    Requests can come from untrusted harness code: a server should call this per request before batching,
+    so that one bad request is refused alone instead of failing a whole batch.
+    """
+    msgs = request.messages
+    if not isinstance(msgs, list) or not msgs:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for i, m in enumerate(msgs):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
+    s = request.sampling
+    if not isinstance(s.max_tokens, int) or s.max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive integer, got {s.max_tokens!r}")
+    if not isinstance(s.temperature, (int, float)) or not (0 <= s.temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite number >= 0, got {s.temperature!r}")
+    if not isinstance(s.top_k, int) or s.top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {s.top_k!r}")
+    if not isinstance(s.top_p, (int, float)) or not (0 < s.top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {s.top_p!r}")
+    if isinstance(s.stop, str) or not all(isinstance(x, str) and x for x in s.stop):
+        raise ValueError(f"stop must be a sequence of non-empty strings, got {s.stop!r}")
+    if s.seed is not None and not isinstance(s.seed, int):
+        raise ValueError(f"seed must be an integer or None, got {s.seed!r}")
+
+
+def sample_rows(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row and its log-prob, each row with its own temperature / top-k / top-p.
+
+    logits [B, V] (float32); temperature, top_p [B] float; top_k [B] long (0 = off); u [B] uniforms in
+    [0, 1) (the row's own random stream; inverse-CDF sampling). temperature 0 = greedy (raw log-probs).
+    """
+    vocab = logits.shape[-1]
+    greedy = temperature <= 0
+    t = torch.where(greedy, torch.ones_like(temperature), temperature)
+    k = torch.where(greedy | (top_k <= 0), torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
+    p = torch.where(greedy, torch.ones_like(top_p), top_p)
+    sorted_logits, sorted_ids = (logits / t[:, None]).sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device)
+    sorted_logits = sorted_logits.masked_fill(ranks[None, :] >= k[:, None], float("-inf"))
+    # top-p: keep the smallest prefix whose mass reaches p (same rule as HF's TopPLogitsWarper)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = (mass_before >= p[:, None]) & (p[:, None] < 1)
+    drop[:, 0] = False
+    logp = sorted_logits.masked_fill(drop, float("-inf")).log_softmax(dim=-1)
+    cdf = logp.exp().cumsum(dim=-1)
+    j = (cdf < u[:, None] * cdf[:, -1:]).sum(dim=-1)  # masked tokens add no mass: j stays on a kept token
+    j = torch.where(greedy, torch.zeros_like(j), j)
+    token = sorted_ids.gather(1, j[:, None]).squeeze(1)
+    return token, logp.gather(1, j[:, None]).squeeze(1)
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TransformersEngine:
+    """A Hugging Face causal LM behind a batched, KV-cached sampling loop (see the module docstring)."""
+
+    def __init__(
+        self, model_path: Path | str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 64, seed: int = 0
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if dtype != "auto" and dtype not in _DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {', '.join(_DTYPES)}, got {dtype!r}")
+        self.device = _resolve_device(device)
+        self.model, self.tokenizer = load_policy(model_path, device="cpu", dtype=_DTYPES.get(dtype, "auto"))
+        if self.device.type == "cpu" and dtype == "auto" and self.model.dtype != torch.float32:
+            self.model.float()  # half precision is slow and inexact on CPU
+        self.model.to(self.device)
+        self.model_path = Path(model_path)
+        self.max_batch = max_batch
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._version = 0
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tokenizer.eos_token_id is not None:
+            eos.append(self.tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError(f"policy checkpoint {model_path}: neither the generation config nor the tokenizer has an eos token")
+        self.eos_ids = sorted(set(eos))
+        self._eos = torch.tensor(self.eos_ids, device=self.device)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else self.eos_ids[0]
+        # transformers 5 renamed the forward's `past_key_values` to `cache`; accept either
+        params = inspect.signature(type(self.model).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # -- weights -------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """A CPU copy of the weights (tied weights appear under each of their names)."""
+        with self._lock:
+            return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Copy `state_dict` into the model in place and set `version`; waits for a running generate.
+
+        Every key must be a model key with the same shape; keys may be left out only when they are tied to
+        one that is given (lm_head.weight with tied embeddings). Checked before anything is copied.
+        """
+        own = self.model.state_dict()
+        unknown = sorted(set(state_dict) - set(own))
+        if unknown:
+            raise ValueError(f"load_weights: keys not in the model: {', '.join(unknown[:5])}")
+        bad = [k for k, v in state_dict.items() if tuple(v.shape) != tuple(own[k].shape)]
+        if bad:
+            raise ValueError(
+                f"load_weights: shape mismatch for {bad[0]}: got {tuple(state_dict[bad[0]].shape)}, "
+                f"model has {tuple(own[bad[0]].shape)}"
+            )
+        given = {own[k].data_ptr() for k in state_dict}
+        missing = [k for k in own if k not in state_dict and own[k].data_ptr() not in given]
+        if missing:
+            raise ValueError(f"load_weights: missing keys: {', '.join(missing[:5])}")
+        with self._lock, torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=False)
+            self._version = int(version)
+
+    # -- generation ----------------------------------------------------------------------------------------
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        for r in requests:
+            check_request(r)
+        if not requests:
+            return []
+        texts = [self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests]
+        prompt_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        # Seeds are drawn in request order, so results do not depend on how requests are chunked.
+        seeds = [r.sampling.seed if r.sampling.seed is not None else self._rng.getrandbits(63) for r in requests]
+        outputs: list[GenerationOutput | None] = [None] * len(requests)
+        runnable = []
+        for i, ids in enumerate(prompt_ids):
+            if len(ids) >= self.max_context:  # no room for a single token: nothing is generated
+                outputs[i] = GenerationOutput("", list(ids), [], [], "length")
+            else:
+                runnable.append(i)
+        # Similar prompt lengths and budgets share a chunk: less padding, fewer idle rows.
+        runnable.sort(key=lambda i: (len(prompt_ids[i]), requests[i].sampling.max_tokens))
+        with self._lock:
+            for s in range(0, len(runnable), self.max_batch):
+                chunk = runnable[s : s + self.max_batch]
+                for i, out in zip(chunk, self._generate_chunk([requests[i] for i in chunk], [prompt_ids[i] for i in chunk], [seeds[i] for i in chunk])):
+                    outputs[i] = out
+        return outputs  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def _generate_chunk(
+        self, requests: list[GenerationRequest], prompts: list[list[int]], seeds: list[int]
+    ) -> list[GenerationOutput]:
+        dev = self.device
+        n = len(requests)
+        width = max(len(p) for p in prompts)
+        budgets = [min(r.sampling.max_tokens, self.max_context - len(p)) for r, p in zip(requests, prompts)]
+        steps_max = max(budgets)
+
+        input_ids = torch.full((n, width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((n, width), dtype=torch.long)
+        for row, p in enumerate(prompts):  # left padding
+            input_ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention[row, width - len(p) :] = 1
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+        noise = torch.zeros((n, steps_max))
+        for row, (seed, budget) in enumerate(zip(seeds, budgets)):  # each row's own random stream
+            noise[row, :budget] = torch.rand(budget, generator=torch.Generator().manual_seed(seed))
+        temperature = torch.tensor([float(r.sampling.temperature) for r in requests], device=dev)
+        top_k = torch.tensor([r.sampling.top_k for r in requests], dtype=torch.long, device=dev)
+        top_p = torch.tensor([float(r.sampling.top_p) for r in requests], device=dev)
+        budget_t = torch.tensor(budgets, device=dev)
+        input_ids, attention, position_ids, noise = (t.to(dev) for t in (input_ids, attention, position_ids, noise))
+
+        tokens = torch.zeros((n, steps_max), dtype=torch.long, device=dev)
+        logprobs = torch.zeros((n, steps_max), device=dev)
+        lengths = [0] * n
+        stop_hit = [False] * n
+        stops = [tuple(r.sampling.stop) for r in requests]
+        rows = torch.arange(n, device=dev)  # original row of each active batch row
+        cache = self._new_cache()
+        model_in = input_ids
+        for step in range(steps_max):
+            logits = self.model(
+                input_ids=model_in, attention_mask=attention, position_ids=position_ids,
+                use_cache=True, logits_to_keep=1, **{self._cache_kw: cache},
+            ).logits[:, -1, :].float()
+            tok, lp = sample_rows(logits, temperature[rows], top_k[rows], top_p[rows], noise[rows, step])
+            tokens[rows, step] = tok
+            logprobs[rows, step] = lp
+            done = torch.isin(tok, self._eos) | (budget_t[rows] <= step + 1)
+            active = rows.tolist()
+            if any(stops[r] for r in active):  # stop strings: only rows that have them are decoded
+                done_l = done.tolist()
+                for j, r in enumerate(active):
+                    if stops[r] and not done_l[j]:
+                        text = self.tokenizer.decode(
+                            tokens[r, : step + 1].tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False
+                        )
+                        stop_hit[r] = done_l[j] = any(s in text for s in stops[r])
+                done = torch.tensor(done_l, device=dev)
+            finished = done.nonzero().squeeze(1).tolist()
+            for j in finished:
+                lengths[active[j]] = step + 1
+            if len(finished) == len(active):
+                break
+            if finished:  # finished rows leave the batch (and the KV cache)
+                keep = (~done).nonzero().squeeze(1)
+                cache.reorder_cache(keep)
+                rows, tok = rows[keep], tok[keep]
+                attention, position_ids = attention[keep], position_ids[keep]
+            model_in = tok[:, None]
+            attention = torch.cat([attention, attention.new_ones((attention.shape[0], 1))], dim=1)
+            position_ids = position_ids[:, -1:] + 1
+
+        tokens_l, logprobs_l = tokens.tolist(), logprobs.tolist()
+        outs = []
+        for r in range(n):
+            ids, lps = tokens_l[r][: lengths[r]], logprobs_l[r][: lengths[r]]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            if stop_hit[r]:
+                text = text[: min(text.find(s) for s in stops[r] if s in text)]
+            reason = "stop" if stop_hit[r] or (ids and ids[-1] in self.eos_ids) else "length"
+            outs.append(GenerationOutput(text, list(prompts[r]), ids, lps, reason))
+        return outs
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+
+class VLLMEngine:
+    """The same interface over `vllm.LLM`, for GPU clusters.
+
+    NOT EXERCISED IN THIS REPOSITORY'S TESTS: vLLM cannot be installed or run where whale-ray is developed,
+    so this class has never been run. It is a minimal sketch of the mapping, to be verified on a GPU
+    machine before use. Known points to check there: vLLM reports log-probs of the raw model distribution
+    unless its `logprobs_mode` is set to processed log-probs; whether `token_ids` keep the eos and how stop
+    strings cut them; `LLM.apply_model` for in-place weight loading exists only in recent vLLM versions.
+    """
+
+    def __init__(
+        self, model_path: Path | str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 64, seed: int = 0,
+        **llm_kwargs: Any,
+    ) -> None:
+        try:
+            import vllm
+        except ImportError as e:
+            raise ImportError(
+                "the vLLM engine needs the vllm package: install whale-ray with the `vllm` extra "
+                "(pip install 'whale-ray[vllm]') on a machine with a supported GPU, or use engine 'transformers'"
+            ) from e
+        self._vllm = vllm
+        path = check_checkpoint_dir(model_path)
+        self.llm = vllm.LLM(model=str(path), dtype=dtype, seed=seed, max_num_seqs=max_batch, **llm_kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._version = 0
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
+        for r in requests:
+            check_request(r)
+        prompts = [
+            self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests
+        ]
+        prompt_ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompts]
+        params = [
+            self._vllm.SamplingParams(
+                n=1, temperature=r.sampling.temperature, top_k=r.sampling.top_k if r.sampling.top_k > 0 else -1,
+                top_p=r.sampling.top_p, max_tokens=r.sampling.max_tokens, stop=list(r.sampling.stop),
+                seed=r.sampling.seed, logprobs=0, skip_special_tokens=True,
+            )
+            for r in requests
+        ]
+        with self._lock:
+            results = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
+        outs = []
+        for ids, res in zip(prompt_ids, results):
+            c = res.outputs[0]
+            lps = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
+            reason = "stop" if c.finish_reason == "stop" else "length"
+            outs.append(GenerationOutput(c.text, list(ids), list(c.token_ids), lps, reason))
+        return outs
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        items = list(state_dict.items())
+        with self._lock:
+            self.llm.apply_model(lambda model: model.load_weights(items))
+            self._version = int(version)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError("VLLMEngine.state_dict: read the trainer's weights instead")
+
+
+ENGINES = {"transformers": TransformersEngine, "vllm": VLLMEngine}
+
+
+def make_engine(kind: str, model_path: Path | str, **kw: Any) -> Engine:
+    """An engine by name: 'transformers' (default, CPU or GPU) or 'vllm' (GPU; needs the vllm extra)."""
+    if kind not in ENGINES:
+        raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
+    return ENGINES[kind](model_path, **kw)

@@ -1,0 +1,84 @@
+"""The run's summary: a table per cycle, the two ledgers, and a plot of the curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from whale_ray.storage import atomic_write_text
+from whale_ray.run_state import CycleRow, RunState
+
+COLUMNS = (
+    ("cycle", "cycle"), ("phases", "phases"), ("weight_rollouts", "weight rollouts"),
+    ("harness_rollouts", "harness rollouts"), ("train_reward", "train reward"),
+    ("accepted_harness", "accepted h"), ("harness_success", "h success"), ("weight_version", "θ ver"),
+    ("val", "val"), ("best", "best (θ*,h*)"), ("test_mean8", "test mean@8"), ("wall_s", "wall s"),
+)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def cycle_table(rows: list[CycleRow], title: str = "WHALE run") -> Table:
+    table = Table(title=title)
+    for _, header in COLUMNS:
+        table.add_column(header, justify="right" if header not in ("phases", "accepted h", "best (θ*,h*)") else "left")
+    for row in rows:
+        table.add_row(*(_cell(getattr(row, key)) for key, _ in COLUMNS))
+    return table
+
+
+def markdown_table(rows: list[CycleRow]) -> str:
+    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cell(getattr(r, k)) for k, _ in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_report(run_dir: Path, state: RunState) -> Path:
+    """report/summary.md and report/curves.png; returns the report folder."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(run_dir) / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = state.ledger
+    walls = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(state.phase_wall_s.items())) or "-"
+    text = "\n".join([
+        "# WHALE run summary", "", markdown_table(state.history), "",
+        f"- rollouts: weight phase {ledger.weight_rollouts}, harness evaluation {ledger.harness_rollouts}, "
+        f"val/test reporting {ledger.eval_rollouts}",
+        f"- weight steps {ledger.weight_steps}; harness iterations {ledger.harness_iterations}; "
+        f"candidates proposed {ledger.candidates_proposed}, invalid {ledger.candidates_invalid}",
+        f"- wall time by phase: {walls}",
+        f"- best (θ*, h*): {state.best.model_dump() if state.best else '-'}", "",
+    ])
+    atomic_write_text(out / "summary.md", text)
+
+    if state.history:
+        cycles = [r.cycle for r in state.history]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot(cycles, [r.test_mean8 for r in state.history], marker="o", label="test mean@8 (θ*, h*)")
+        ax.plot(cycles, [r.val for r in state.history], marker="s", label="val (current θ, h)")
+        train = [(r.cycle, r.train_reward) for r in state.history if r.train_reward is not None]
+        if train:
+            ax.plot(*zip(*train), marker="^", label="training reward")
+        succ = [(r.cycle, r.harness_success) for r in state.history if r.harness_success is not None]
+        if succ:
+            ax.plot(*zip(*succ), marker="x", label="accepted h on D_harness")
+        ax.set_xlabel("cycle")
+        ax.set_ylabel("success")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "curves.png", dpi=120)
+        plt.close(fig)
+    return out

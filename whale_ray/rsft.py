@@ -1,0 +1,269 @@
+"""Online rejection-sampling fine-tuning (RSFT): the weight-phase learner. Plain PyTorch, no Ray.
+
+An accepted model call is an `SFTExample`: `(prompt_ids, completion_ids)`. A multi-turn accepted episode
+gives one example per model call; tool outputs and observations only ever appear inside later prompts,
+so masking every prompt token masks them too. The loss is the mean negative log-likelihood over all
+completion tokens of a step (a token mean over the whole step, not a mean of per-example means).
+
+`RSFTLearner.train_step(examples)` makes one AdamW update per epoch (`epochs_per_step`) over the step's
+examples, accumulating gradients over micro-batches so any number of examples fits in memory; the
+gradient equals the one of a single big batch. It also runs data-parallel: give it `rank`/`world_size`
+and a `wrap_model` (DDP; `ray.train.torch.prepare_model`), and every rank passes the *whole* example
+list — each takes its shard `examples[rank::world_size]` (after a length sort), and the global token
+count that normalises the loss is computed locally from the full list, so no extra collective is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+SFTExample = tuple[list[int], list[int]]  # (prompt_ids, completion_ids) of one accepted model call
+
+IGNORE_INDEX = -100
+
+
+class InvalidExamples(ValueError):
+    """The step's examples cannot be trained on (e.g. a token id outside the vocabulary); nothing changed."""
+
+
+STATE_FILE = "rsft_state.json"  # written last by `save`: its presence marks a complete checkpoint
+OPTIMIZER_FILE = "optimizer.pt"
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
+)
+
+
+# ---------------------------------------------------------------------------------------------- data
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
+
+
+def accepted_examples(rollouts: Iterable[Any]) -> list[SFTExample]:
+    """The SFT examples of the accepted rollouts: reward == 1 and status "ok", one per model call.
+
+    `rollouts` holds `records.Rollout`s, rows (dicts) of the rollout table, or is a `pyarrow.Table`.
+    Calls with an empty completion carry no training signal and are left out."""
+    if hasattr(rollouts, "to_pylist"):  # a pyarrow Table
+        rollouts = rollouts.to_pylist()
+    out: list[SFTExample] = []
+    for r in rollouts:
+        if _field(r, "reward") != 1 or _field(r, "status", "ok") != "ok":
+            continue
+        for call in _field(r, "calls") or []:
+            completion = list(_field(call, "completion_ids") or [])
+            if completion:
+                out.append((list(_field(call, "prompt_ids") or []), completion))
+    return out
+
+
+def truncate(prompt: list[int], completion: list[int], max_len: int | None) -> SFTExample:
+    """Fit one example into `max_len` tokens.
+
+    Over the limit, the prompt loses tokens from its left (its start) first. If the completion alone is
+    longer than `max_len`, it keeps its first `max_len` tokens and the prompt is dropped entirely; the
+    first completion token then has no context and is not trained (see `n_target_tokens`). Completion
+    tokens are never dropped silently: `RSFTLearner.train_step` counts and logs such examples."""
+    prompt, completion = list(prompt), list(completion)
+    if max_len is None or len(prompt) + len(completion) <= max_len:
+        return prompt, completion
+    if len(completion) >= max_len:
+        return [], completion[:max_len]
+    return prompt[len(prompt) - (max_len - len(completion)):], completion
+
+
+def n_target_tokens(prompt: list[int], completion: list[int]) -> int:
+    """Completion tokens that are predicted (every one that has a token before it)."""
+    return len(completion) - (1 if completion and not prompt else 0)
+
+
+def collate(examples: list[SFTExample], pad_id: int, max_len: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded batch: input_ids, attention_mask, and labels that hold the token id on completion
+    tokens and -100 on prompt tokens and padding. Labels are *not* shifted (position t holds token t);
+    the loss shifts them. Over-long examples are cut by `truncate`."""
+    rows = [truncate(p, c, max_len) for p, c in examples]
+    width = max((len(p) + len(c) for p, c in rows), default=0)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+    for i, (p, c) in enumerate(rows):
+        n = len(p) + len(c)
+        input_ids[i, :n] = torch.tensor(p + c, dtype=torch.long)
+        attention_mask[i, :n] = 1
+        labels[i, len(p):n] = torch.tensor(c, dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def completion_nll(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """(sum of the token NLLs over completion tokens, their number) for one collated batch."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logits = logits[:, :-1].float()
+    targets = batch["labels"][:, 1:]
+    nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1),
+                          ignore_index=IGNORE_INDEX, reduction="sum")
+    return nll, int((targets != IGNORE_INDEX).sum())
+
+
+# ------------------------------------------------------------------------------------------- learner
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class RSFTLearner:
+    """A causal LM, its AdamW optimizer, and the SFT step on accepted examples."""
+
+    def __init__(
+        self, model_path: str | Path, *, lr: float, micro_batch: int, epochs_per_step: int = 1, seed: int = 0,
+        device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, max_len: int | None = None,
+        weight_decay: float = 0.0, max_grad_norm: float = 1.0, rank: int = 0, world_size: int = 1,
+        wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if micro_batch <= 0 or epochs_per_step <= 0:
+            raise ValueError("micro_batch and epochs_per_step must be positive")
+        torch.manual_seed(seed)
+        self.model_path = Path(model_path)
+        self.lr, self.micro_batch, self.epochs_per_step, self.seed = lr, micro_batch, epochs_per_step, seed
+        self.max_grad_norm, self.rank, self.world_size = max_grad_norm, rank, world_size
+        self.device = device if isinstance(device, torch.device) else _resolve_device(device)
+        self.dtype = dtype
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device)
+        self.model.train()
+        cfg = self.model.config
+        self.max_len = max_len or getattr(cfg, "max_position_embeddings", None)
+        pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+        self.pad_id = int((pad[0] if isinstance(pad, (list, tuple)) else pad) or 0)
+        # The module that runs forward/backward: the model itself, or its DDP wrapper (same parameters).
+        self.train_model = wrap_model(self.model) if wrap_model is not None else self.model
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.step = 0  # optimizer-steps-that-trained counter: one per train_step with examples
+
+    # ------------------------------------------------------------------------------------ training
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def _all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        return x
+
+    def train_step(self, examples: list[SFTExample]) -> dict[str, Any]:
+        """Train on one step's accepted examples; every rank passes the same full list.
+
+        Metrics: loss (mean completion-token NLL before the update, i.e. over the first epoch),
+        last_epoch_loss, grad_norm (before clipping, last epoch), n_examples, n_tokens (trained
+        completion tokens), n_truncated, step, trained (False for a no-op)."""
+        vocab = self.model.get_input_embeddings().num_embeddings
+        for p, c in examples:
+            bad = [t for t in (*p, *c) if not 0 <= t < vocab]
+            if bad:
+                raise InvalidExamples(f"token id {bad[0]} outside the model's vocabulary [0, {vocab})")
+        rows = [truncate(p, c, self.max_len) for p, c in examples]
+        n_truncated = sum(len(p) + len(c) != len(rp) + len(rc) for (p, c), (rp, rc) in zip(examples, rows))
+        n_cut_completion = sum(len(c) != len(rc) for (_, c), (_, rc) in zip(examples, rows))
+        if n_cut_completion:
+            log.warning("rsft: %d completion(s) longer than max_len=%s were cut to their first tokens",
+                        n_cut_completion, self.max_len)
+        n_tokens = sum(n_target_tokens(p, c) for p, c in rows)
+        metrics: dict[str, Any] = {
+            "n_examples": len(rows), "n_tokens": n_tokens, "n_truncated": n_truncated, "lr": self.lr,
+            "epochs": self.epochs_per_step, "world_size": self.world_size,
+        }
+        if n_tokens == 0:
+            return {**metrics, "trained": False, "step": self.step, "loss": math.nan,
+                    "last_epoch_loss": math.nan, "grad_norm": 0.0}
+
+        # A length sort keeps padding low; the stride shard gives every rank a similar token count.
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]), reverse=True)
+        mine = [rows[i] for i in order[self.rank::self.world_size]]
+        chunks = [mine[i:i + self.micro_batch] for i in range(0, len(mine), self.micro_batch)] or [[]]
+        scale = self.world_size / n_tokens  # DDP averages gradients over ranks: this makes it a global token mean
+
+        epoch_losses, grad_norm = [], 0.0
+        for _ in range(self.epochs_per_step):
+            self.optimizer.zero_grad(set_to_none=True)
+            nll_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+            for j, chunk in enumerate(chunks):
+                sync = j == len(chunks) - 1  # one gradient all-reduce per epoch, on the last micro-batch
+                no_sync = getattr(self.train_model, "no_sync", None)
+                with no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext():
+                    if chunk:
+                        nll, _ = completion_nll(self.train_model, self._to_device(collate(chunk, self.pad_id)))
+                        (nll * scale).backward()
+                        nll_sum += nll.detach().double()
+                    else:  # this rank has no examples: a zero-weight pass so the DDP all-reduce still meets
+                        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
+                        (self.train_model(input_ids=ids).logits.sum() * 0.0).backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+            self.optimizer.step()
+            epoch_losses.append(float(self._all_reduce_sum(nll_sum)) / n_tokens)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return {**metrics, "trained": True, "step": self.step, "loss": epoch_losses[0],
+                "last_epoch_loss": epoch_losses[-1], "grad_norm": grad_norm}
+
+    @torch.no_grad()
+    def evaluate_loss(self, examples: list[SFTExample]) -> float:
+        """Mean completion-token NLL of `examples` under the current weights (no update; this rank only)."""
+        rows = [truncate(p, c, self.max_len) for p, c in examples]
+        total, n = 0.0, 0
+        for i in range(0, len(rows), self.micro_batch):
+            nll, k = completion_nll(self.model, self._to_device(collate(rows[i:i + self.micro_batch], self.pad_id)))
+            total, n = total + float(nll), n + k
+        return total / n if n else math.nan
+
+    # ---------------------------------------------------------------------------------- state I/O
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's weights as CPU tensors (HF parameter names), detached copies."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def save(self, path: str | Path) -> Path:
+        """An HF-format checkpoint (safetensors + config + tokenizer files of the original model dir)
+        plus the optimizer state and `rsft_state.json` (step and hyper-parameters), written last."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        for name in TOKENIZER_FILES:
+            src = self.model_path / name
+            if src.is_file() and src.resolve() != (path / name).resolve():
+                shutil.copy2(src, path / name)
+        torch.save({"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}, path / OPTIMIZER_FILE)
+        state = {"format": "whale_ray.rsft/1", "step": self.step, "lr": self.lr, "micro_batch": self.micro_batch,
+                 "epochs_per_step": self.epochs_per_step, "seed": self.seed, "base_model": str(self.model_path)}
+        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+        return path
+
+    def load(self, path: str | Path) -> None:
+        """Restore model weights, optimizer state, RNG and step from a `save` directory (exact resume).
+        The learning rate stays the one this learner was built with (the config is the source of truth)."""
+        from transformers import AutoModelForCausalLM
+
+        path = Path(path)
+        if not (path / STATE_FILE).is_file():
+            raise FileNotFoundError(f"{path}: not an RSFT checkpoint (no {STATE_FILE})")
+        state = json.loads((path / STATE_FILE).read_text())
+        weights = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).state_dict()
+        self.model.load_state_dict(weights, strict=True)
+        del weights
+        extra = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        torch.set_rng_state(extra["rng"])
+        self.step = int(state["step"])

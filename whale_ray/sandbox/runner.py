@@ -1,0 +1,720 @@
+"""Run one episode of an untrusted harness file in an isolated subprocess (the host side).
+
+    result = run_episode(source, task.public(), generate=gen, tools_path=domain.sandbox_tools_path,
+                         host_tools=domain.host_tools(), limits=SandboxLimits(), seed=7)
+
+`run_episode` never raises for anything the harness does: every outcome is an `EpisodeResult` with a
+status from `records.STATUSES` and a short reason. It raises only for the caller's own mistakes (a task
+that is not JSON-serialisable, a bad harness_name, a missing tools file) and re-raises an exception of
+the caller's `generate` callback (the policy server failing is not the harness's fault and must not be
+scored as a 0).
+
+One episode, in order:
+1. a fresh episode directory (tempfile, removed afterwards) receives copies of child.py and tools.py
+   (in `.whale/`) and of the harness file; bubblewrap shows it read-only at /sandbox, and gives the
+   harness a size-capped tmpfs /scratch as HOME and cwd (see isolation.py); the launcher starts
+   `python3 child.pyc FD LIMITS` with a socketpair end as FD;
+2. the host queues an `init` message (task, seed, host tool specs, file paths) and then serves the
+   child's requests over the socket, recording every ModelCall the callback returns, while draining
+   stdout/stderr (capped) from the same poll loop: one thread per episode, no helper threads;
+3. the first final message (`result` or `error`) ends the episode; so do the wall-clock deadline, a
+   broken limit or protocol rule, or the child's death;
+4. teardown kills whatever is left: in bwrap mode SIGKILL goes to the sandbox's pid-namespace init
+   through a pidfd, and waiting for bwrap to exit waits until every process in the namespace is gone.
+
+Limits and where they are enforced:
+* wall_s: host deadline on the time the sandbox runs. Time spent inside the host's own `generate` and
+  host-tool callbacks is NOT counted (the policy server's queueing must not turn into harness
+  timeouts); `EpisodeResult.wall_s` is the total.
+* memory_mb, cpu_s, max_processes, file size, open files, core dumps: rlimits that child.py applies to
+  itself before the harness is loaded (inherited by anything the harness starts). RLIMIT_NPROC counts
+  the processes of the sandbox's own user namespace, so concurrent episodes do not share it.
+* max_output_bytes: stdout + stderr together; over the cap the child is killed: status output_limit
+  (output is not returned; a flood is a failure, not a truncation).
+* max_rpc_calls (generate + tool requests) and max_message_bytes (any one frame): output_limit.
+
+The channel is docs/contracts.md's, with two additions: the host's first message is
+`{"type": "init", ...}`, and the child's first is `{"type": "hello"}`, sent by child.py after the
+rlimits and the domain's tools module and right before the harness is loaded. A child that dies
+without saying hello is a sandbox_setup_error, and so is an `error` of kind "setup" (tools module or
+rlimits failed) before hello; no harness can fake either. After hello an `error` message carries
+`kind` "exception" (harness_exception), "memory" (memory_limit) or "protocol" (run() returned a
+non-str: protocol_error). Its events are kept, plus one {"type": "error_traceback", "traceback": ...}
+event with the harness's traceback for whoever reads the trace.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import marshal
+import math
+import os
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from whale_ray.records import EpisodeResult, ModelCall, SamplingParams
+from whale_ray.sandbox import isolation
+from whale_ray.sandbox.isolation import SetupError
+
+GenerateFn = Callable[[list[dict], SamplingParams], ModelCall]
+
+ISOLATIONS = ("auto", "bwrap", "unsafe_none")
+FSIZE_BYTES = 64 << 20  # RLIMIT_FSIZE: the largest file the sandbox may write
+NOFILE = 256  # RLIMIT_NOFILE
+RUNTIME_DIR = ".whale"  # inside the episode directory: child.py and tools.py
+_STDERR_TAIL = 4096
+_EXIT_GRACE_S = 1.0  # the channel closed without a result: how long to wait for the child's exit status
+_REAP_TIMEOUT_S = 5.0
+_MAX_REASON = 500
+_HARNESS_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py$")
+_CHILD_SOURCE = Path(__file__).with_name("child.py").read_bytes()
+
+
+def _compile_child() -> tuple[str, bytes]:
+    """child.py as a .pyc for the sandbox's interpreter (the host's own base interpreter)."""
+    try:
+        code = compile(_CHILD_SOURCE, "child.py", "exec", dont_inherit=True)
+        header = importlib.util.MAGIC_NUMBER + bytes(8) + (len(_CHILD_SOURCE) & 0xFFFFFFFF).to_bytes(4, "little")
+        return "child.pyc", header + marshal.dumps(code)
+    except Exception:  # pragma: no cover - fall back to the source
+        return "child.py", _CHILD_SOURCE
+
+
+_CHILD_NAME, _CHILD_BYTES = _compile_child()
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-episode limits; the defaults match whale_ray.config.SandboxConfig."""
+
+    wall_s: float = 20.0
+    memory_mb: int = 1024
+    max_processes: int = 64
+    max_output_bytes: int = 1 << 20
+    max_rpc_calls: int = 256
+    max_message_bytes: int = 1 << 20
+    cpu_s: float | None = None  # None: wall_s
+    isolation: str = "auto"  # "auto" (bwrap if it works, else sandbox_setup_error), "bwrap", "unsafe_none"
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ISOLATIONS:
+            raise ValueError(f"unknown sandbox isolation {self.isolation!r}; choose one of {', '.join(ISOLATIONS)}")
+        for name in ("wall_s", "memory_mb", "max_processes", "max_output_bytes", "max_rpc_calls", "max_message_bytes"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)!r}")
+        if self.cpu_s is not None and not self.cpu_s > 0:
+            raise ValueError(f"SandboxLimits.cpu_s must be positive or None, got {self.cpu_s!r}")
+
+    @property
+    def cpu_limit_s(self) -> float:
+        return self.wall_s if self.cpu_s is None else self.cpu_s
+
+    @classmethod
+    def from_config(cls, cfg: Any, **overrides: Any) -> "SandboxLimits":
+        """From a whale_ray.config.SandboxConfig (fields of the same name), with overrides on top."""
+        names = ("wall_s", "memory_mb", "max_processes", "max_output_bytes", "max_rpc_calls", "max_message_bytes",
+                 "cpu_s", "isolation")
+        values = {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}
+        values.update(overrides)
+        return cls(**values)
+
+
+def run_episode(
+    harness_source: str,
+    task: dict,
+    *,
+    generate: GenerateFn,
+    tools_path: Path | None,
+    host_tools: dict[str, Callable[..., str]],
+    limits: SandboxLimits,
+    seed: int,
+    harness_name: str = "harness.py",
+) -> EpisodeResult:
+    """Run `run(task, agent)` of `harness_source` in a fresh sandbox; see the module docstring."""
+    t0 = time.monotonic()
+    if not isinstance(harness_source, str):
+        raise TypeError(f"harness_source must be str, got {type(harness_source).__name__}")
+    if not _HARNESS_NAME.match(harness_name):
+        raise ValueError(f"harness_name must be a plain file name ending in .py, got {harness_name!r}")
+    tools_source = Path(tools_path).read_bytes() if tools_path is not None else None
+    host_tools = dict(host_tools or {})
+    init = {
+        "type": "init",
+        "task": task,
+        "seed": seed,
+        "harness_name": harness_name,
+        "module": _module_name(harness_name),
+        "host_tool_specs": {name: host_tool_spec(name, fn) for name, fn in host_tools.items()},
+        "max_trace_bytes": max(1024, limits.max_message_bytes * 3 // 4),
+    }
+    try:
+        json.dumps(init)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"the task (and host tool specs) must be JSON-serialisable: {e}") from None
+
+    try:
+        launcher = _launcher(limits.isolation)
+    except SetupError as e:
+        return _result("sandbox_setup_error", str(e), t0)
+    harness_bytes = harness_source.encode("utf-8", "surrogateescape")
+    episode = _Episode(launcher, limits, generate, host_tools, seed, t0)
+    return episode.run(harness_name, harness_bytes, tools_source, init)
+
+
+_JSON_TYPES = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "list": "array",
+               "dict": "object"}
+
+
+def host_tool_spec(name: str, fn: Callable[..., Any]) -> dict[str, Any]:
+    """The spec the harness sees for a host tool: `fn.tool_spec` if set, else from its signature and docstring."""
+    spec = getattr(fn, "tool_spec", None)
+    if isinstance(spec, dict):
+        return spec
+    doc = (inspect.getdoc(fn) or f"host tool {name}").strip().split("\n\n")[0]
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        params = []
+    for p in params:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        ann = p.annotation
+        t = _JSON_TYPES.get(ann if isinstance(ann, str) else getattr(ann, "__name__", None))
+        props[p.name] = {"type": t} if t else {}
+        if p.default is p.empty:
+            required.append(p.name)
+    return {"description": doc, "parameters": {"type": "object", "properties": props, "required": required}}
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _launcher(mode: str) -> Any:
+    if mode == "unsafe_none":
+        return isolation.UnsafeLauncher(isolation.interpreter_path())
+    return isolation.bwrap_launcher()  # "auto" and "bwrap": the probe decides, never a silent fallback
+
+
+def _module_name(harness_name: str) -> str:
+    stem = harness_name[:-3]
+    stdlib = getattr(sys, "stdlib_module_names", ())
+    if not stem.isidentifier() or stem in stdlib or stem in sys.builtin_module_names or stem.startswith("_whale"):
+        return "harness"
+    return stem
+
+
+def _result(status: str, reason: str, t0: float, answer: str | None = None, calls: list[ModelCall] | None = None,
+            events: list[dict[str, Any]] | None = None) -> EpisodeResult:
+    if len(reason) > _MAX_REASON:
+        reason = reason[: _MAX_REASON - 3] + "..."
+    return EpisodeResult(status=status, reason=reason, answer=answer, calls=list(calls or []),
+                         events=list(events or []), wall_s=time.monotonic() - t0)
+
+
+def _frame(obj: dict[str, Any]) -> bytes:
+    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+    return len(data).to_bytes(4, "big") + data
+
+
+def _utf8_ok(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_messages(messages: Any) -> str | None:
+    if not isinstance(messages, list) or not messages:
+        return "generate: messages must be a non-empty list"
+    for m in messages:
+        if (not isinstance(m, dict) or set(m) != {"role", "content"} or not isinstance(m["role"], str)
+                or not isinstance(m["content"], str) or not _utf8_ok(m["content"]) or not _utf8_ok(m["role"])):
+            return "generate: each message must be {'role': str, 'content': str}"
+    return None
+
+
+def _sampling(raw: Any) -> SamplingParams | str:
+    if not isinstance(raw, dict) or set(raw) - {"max_tokens", "temperature", "top_k", "top_p", "stop"}:
+        return "generate: malformed sampling parameters"
+    sp = SamplingParams()
+    mt, temp = raw.get("max_tokens", sp.max_tokens), raw.get("temperature", sp.temperature)
+    tk, tp, stop = raw.get("top_k", sp.top_k), raw.get("top_p", sp.top_p), raw.get("stop") or []
+    if not (_is_int(mt) and mt >= 1 and _is_num(temp) and temp >= 0 and _is_int(tk) and tk >= 0
+            and _is_num(tp) and 0 < tp <= 1 and isinstance(stop, list)
+            and all(isinstance(s, str) and _utf8_ok(s) for s in stop)):
+        return "generate: invalid sampling parameters"
+    return SamplingParams(max_tokens=mt, temperature=float(temp), top_k=tk, top_p=float(tp), stop=tuple(stop))
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _rmtree(path: str) -> None:
+    """Remove an episode directory, even where a harness (unsafe_none) took the permissions off its files."""
+
+    def fix(func: Callable[..., Any], p: str, exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=fix)
+    if os.path.lexists(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _invoke(fn: Callable[..., Any], args: dict[str, Any]) -> Any:
+    return fn(**args)
+
+
+def _raised_by_call(e: BaseException) -> bool:
+    """True when a TypeError came from binding the arguments in `_invoke`, not from inside the tool."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code is _invoke.__code__
+
+
+class _Done(Exception):
+    """Ends the serve loop."""
+
+
+# ------------------------------------------------------------------------------------------ episode
+class _Episode:
+    def __init__(self, launcher: Any, limits: SandboxLimits, generate: GenerateFn,
+                 host_tools: dict[str, Callable[..., str]], seed: int, t0: float):
+        self.launcher = launcher
+        self.limits = limits
+        self.generate = generate
+        self.host_tools = host_tools
+        self.seed = seed
+        self.t0 = t0
+        self.calls: list[ModelCall] = []
+        self.outcome: tuple[str, str, str | None, list[dict[str, Any]]] | None = None
+        self.host_error: BaseException | None = None
+        self.rpc_calls = 0
+        self.got_hello = False  # child.py says hello before any harness code runs
+        self.output_bytes = 0
+        self.stderr_tail = bytearray()
+        self.proc: subprocess.Popen | None = None
+        self.proc_pidfd: int | None = None
+        self.inner_pidfd: int | None = None  # the sandbox's pid-namespace init (bwrap mode)
+        self.deadline = 0.0
+
+    # -- lifecycle
+    def run(self, harness_name: str, harness: bytes, tools: bytes | None, init: dict[str, Any]) -> EpisodeResult:
+        try:
+            episode_dir = tempfile.mkdtemp(prefix="whale-sbx-")
+        except OSError as e:
+            return _result("sandbox_setup_error", f"cannot create the episode directory: {e}", self.t0)
+        try:
+            return self._run_in(episode_dir, harness_name, harness, tools, init)
+        finally:
+            _rmtree(episode_dir)
+
+    def _run_in(self, episode_dir: str, harness_name: str, harness: bytes, tools: bytes | None,
+                init: dict[str, Any]) -> EpisodeResult:
+        launcher = self.launcher
+        namespaced = isinstance(launcher, isolation.BwrapLauncher)
+        files, home = launcher.inside(episode_dir)
+        try:
+            os.chmod(episode_dir, 0o755)  # readable (not writable) by the sandbox's uid
+            rt = os.path.join(episode_dir, RUNTIME_DIR)
+            os.mkdir(rt, 0o755)
+            with open(os.path.join(rt, _CHILD_NAME), "wb") as f:
+                f.write(_CHILD_BYTES)
+            if tools is not None:
+                with open(os.path.join(rt, "tools.py"), "wb") as f:
+                    f.write(tools)
+            with open(os.path.join(episode_dir, harness_name), "wb") as f:
+                f.write(harness)
+        except OSError as e:
+            return _result("sandbox_setup_error", f"cannot prepare the episode directory: {e}", self.t0)
+        init = dict(init, harness_file=f"{files}/{harness_name}",
+                    tools_path=f"{files}/{RUNTIME_DIR}/tools.py" if tools is not None else None)
+        lim = self.limits
+        rlimits = {"as": lim.memory_mb << 20, "cpu": max(1, math.ceil(lim.cpu_limit_s)), "nproc": lim.max_processes,
+                   "fsize": FSIZE_BYTES, "nofile": NOFILE}
+
+        host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        info_r = info_w = None
+        try:
+            if namespaced:
+                info_r, info_w = os.pipe()
+            child_fd = child_sock.fileno()
+            child_argv = [f"{files}/{RUNTIME_DIR}/{_CHILD_NAME}", str(child_fd), json.dumps(rlimits)]
+            env = isolation.sandbox_env(self.seed, home, launcher.python_exe)
+            launch = launcher.command(episode_dir=episode_dir, child_argv=child_argv, env=env, pass_fds=(child_fd,),
+                                      info_fd=info_w)
+            self.deadline = time.monotonic() + lim.wall_s
+            try:
+                self.proc = subprocess.Popen(
+                    launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    env=launch.env, cwd=launch.cwd, pass_fds=launch.pass_fds, close_fds=True,
+                    start_new_session=True, user=launch.user, group=launch.group,
+                    extra_groups=launch.extra_groups,
+                )
+            except (OSError, subprocess.SubprocessError) as e:
+                return _result("sandbox_setup_error", f"cannot start the sandbox: {type(e).__name__}: {e}", self.t0)
+            finally:
+                child_sock.close()
+                if info_w is not None:
+                    os.close(info_w)
+                    info_w = None
+            try:
+                self.proc_pidfd = os.pidfd_open(self.proc.pid)
+            except (AttributeError, OSError):
+                self.proc_pidfd = None
+            try:
+                self._serve(host_sock, info_r, _frame(init))
+            finally:
+                self._teardown(namespaced)
+        finally:
+            host_sock.close()
+            child_sock.close()
+            for fd in (info_r, info_w, self.proc_pidfd, self.inner_pidfd):
+                if fd is not None:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+        if self.host_error is not None:
+            raise self.host_error
+        return self._finish(namespaced)
+
+    def _finish(self, namespaced: bool) -> EpisodeResult:
+        if self.outcome is not None:
+            status, reason, answer, events = self.outcome
+            return _result(status, reason, self.t0, answer, self.calls, events)
+        # The child died (or closed the channel) without a final message.
+        rc = self.proc.returncode if self.proc is not None else None
+        tail = self.stderr_tail.decode("utf-8", "replace").strip()
+        last = tail.splitlines()[-1] if tail else ""
+        detail = f" ({last[:200]})" if last else ""
+        if not self.got_hello:
+            # No harness code ran: bwrap or the interpreter failed to start.
+            return _result("sandbox_setup_error", f"the sandbox did not start (exit code {rc}){detail}", self.t0)
+        sig = None
+        if rc is not None and rc < 0:
+            sig = -rc
+        elif rc is not None and namespaced and rc > 128:
+            sig = rc - 128  # bwrap reports a child killed by signal N as exit code 128 + N
+        if "MemoryError" in tail or "Cannot allocate memory" in tail or "out of memory" in tail.lower():
+            return _result("memory_limit", f"the child ran out of memory (limit {self.limits.memory_mb} MB){detail}",
+                           self.t0, calls=self.calls)
+        if sig == signal.SIGXCPU:
+            return _result("timeout", f"CPU time limit of {math.ceil(self.limits.cpu_limit_s)} s exceeded",
+                           self.t0, calls=self.calls)
+        if sig is not None:
+            return _result("crashed", f"the child was killed by {_signal_name(sig)} without a result{detail}",
+                           self.t0, calls=self.calls)
+        return _result("crashed", f"the child exited with code {rc} without a result{detail}", self.t0,
+                       calls=self.calls)
+
+    def _set(self, status: str, reason: str, answer: str | None = None,
+             events: list[dict[str, Any]] | None = None) -> None:
+        if self.outcome is None:
+            self.outcome = (status, reason, answer, events or [])
+        raise _Done
+
+    # -- the poll loop
+    def _serve(self, sock: socket.socket, info_r: int | None, init_frame: bytes) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        sock.setblocking(False)
+        sfd, ofd, efd = sock.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+        poller = select.poll()
+        IN = select.POLLIN | select.POLLHUP | select.POLLERR
+        poller.register(ofd, IN)
+        poller.register(efd, IN)
+        if info_r is not None:
+            poller.register(info_r, IN)
+        if self.proc_pidfd is not None:
+            poller.register(self.proc_pidfd, select.POLLIN)
+        out = bytearray(init_frame)
+        poller.register(sfd, IN | select.POLLOUT)
+        inbuf = bytearray()
+        info = bytearray()
+        sock_eof = exited = False
+        eof_deadline = None
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= self.deadline:
+                    self._set("timeout", f"wall-clock limit of {self.limits.wall_s:g} s exceeded")
+                wait = self.deadline - now
+                if sock_eof:
+                    if exited or (self.proc_pidfd is None and proc.poll() is not None):
+                        return
+                    if eof_deadline is None:
+                        eof_deadline = now + _EXIT_GRACE_S
+                    if now >= eof_deadline:
+                        self._set("protocol_error", "the child closed the RPC channel without sending a result")
+                    wait = min(wait, eof_deadline - now, 0.05 if self.proc_pidfd is None else wait)
+                elif exited:
+                    # The process is gone; whatever it sent is in the socket buffer.
+                    if eof_deadline is None:
+                        eof_deadline = now + _EXIT_GRACE_S
+                    if now >= eof_deadline:
+                        return
+                    wait = min(wait, eof_deadline - now)
+                for fd, ev in poller.poll(max(0.0, wait) * 1000.0):
+                    if fd == sfd:
+                        if ev & select.POLLOUT and out:
+                            try:
+                                n = sock.send(out)
+                                del out[:n]
+                            except BlockingIOError:
+                                pass
+                            except OSError:
+                                out.clear()
+                        if ev & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                            try:
+                                data = sock.recv(1 << 16)
+                            except BlockingIOError:
+                                data = None
+                            except OSError:
+                                data = b""
+                            if data == b"":
+                                sock_eof = True
+                                poller.unregister(sfd)
+                            elif data:
+                                inbuf += data
+                                self._parse(inbuf, out)
+                        if not sock_eof:
+                            poller.modify(sfd, IN | (select.POLLOUT if out else 0))
+                    elif fd in (ofd, efd):
+                        data = os.read(fd, 1 << 16)
+                        if not data:
+                            poller.unregister(fd)
+                            continue
+                        self.output_bytes += len(data)
+                        if fd == efd:
+                            self.stderr_tail += data
+                            del self.stderr_tail[:-_STDERR_TAIL]
+                        if self.output_bytes > self.limits.max_output_bytes:
+                            self._set("output_limit",
+                                      f"the harness wrote more than {self.limits.max_output_bytes} bytes to stdout/stderr")
+                    elif fd == info_r:
+                        data = os.read(fd, 4096)
+                        if not data:
+                            poller.unregister(fd)
+                            continue
+                        info += data
+                        self._take_info(info)
+                    elif fd == self.proc_pidfd:
+                        exited = True
+                        poller.unregister(fd)
+        except _Done:
+            return
+
+    def _take_info(self, info: bytearray) -> None:
+        if self.inner_pidfd is not None:
+            return
+        try:
+            pid = json.loads(info.decode("utf-8"))["child-pid"]
+        except (ValueError, KeyError, TypeError):
+            return  # not complete yet
+        try:
+            fd = os.pidfd_open(int(pid))
+        except (AttributeError, OSError, ValueError):
+            return
+        self.inner_pidfd = fd
+
+    def _parse(self, inbuf: bytearray, out: bytearray) -> None:
+        cap = self.limits.max_message_bytes
+        while len(inbuf) >= 4:
+            n = int.from_bytes(inbuf[:4], "big")
+            if n > cap:
+                self._set("output_limit", f"an RPC message of {n} bytes exceeds the {cap}-byte cap")
+            if len(inbuf) < 4 + n:
+                return
+            payload = bytes(inbuf[4 : 4 + n])
+            del inbuf[: 4 + n]
+            try:
+                msg = json.loads(payload.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                self._set("protocol_error", "the child sent a malformed RPC message (not UTF-8 JSON)")
+            if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+                self._set("protocol_error", "the child sent an RPC message without a type")
+            reply = self._handle(msg)
+            if reply is not None:
+                out += _frame(reply)
+
+    # -- messages
+    def _handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        kind = msg["type"]
+        if not self.got_hello:
+            if kind == "error" and msg.get("kind") == "setup" and isinstance(msg.get("error"), str):
+                self._set("sandbox_setup_error", msg["error"])
+            if kind != "hello":
+                self._set("protocol_error", f"the child's first message was {kind[:40]!r}, not 'hello'")
+            self.got_hello = True
+            return None
+        if kind in ("generate", "tool"):
+            self.rpc_calls += 1
+            if self.rpc_calls > self.limits.max_rpc_calls:
+                self._set("output_limit", f"more than {self.limits.max_rpc_calls} RPC calls (generate and tool)")
+            rid = msg.get("id")
+            if not _is_int(rid):
+                self._set("protocol_error", f"a {kind} request without an integer id")
+            return self._generate(rid, msg) if kind == "generate" else self._tool(rid, msg)
+        if kind == "result":
+            answer, events = msg.get("answer"), msg.get("events", [])
+            if answer is not None and not isinstance(answer, str):
+                self._set("protocol_error", f"run() returned {type(answer).__name__}, expected str or None")
+            if answer is not None and not _utf8_ok(answer):
+                self._set("protocol_error", "the answer is not valid Unicode text")
+            self._set("ok", "ok", answer, self._events(events))
+        if kind == "error":
+            err, tb = msg.get("error"), msg.get("traceback") or ""
+            status = {"exception": "harness_exception", "memory": "memory_limit",
+                      "protocol": "protocol_error"}.get(msg.get("kind"))  # "setup" only before hello
+            if status is None or not isinstance(err, str) or not isinstance(tb, str):
+                self._set("protocol_error", "the child sent a malformed error message")
+            if status == "memory_limit" and "limit" not in err:
+                err = f"{err} (memory limit {self.limits.memory_mb} MB)"
+            events = self._events(msg.get("events", []))
+            if tb and _utf8_ok(tb):
+                events.append({"type": "error_traceback", "traceback": tb})
+            self._set(status, err, None, events)
+        self._set("protocol_error", f"the child sent an unknown RPC message type {kind[:40]!r}")
+        return None
+
+    def _events(self, events: Any) -> list[dict[str, Any]]:
+        if not isinstance(events, list) or not all(isinstance(e, dict) and isinstance(e.get("type"), str)
+                                                   for e in events):
+            self._set("protocol_error", "the trace events are malformed")
+        try:
+            json.dumps(events, ensure_ascii=False).encode("utf-8")
+        except (TypeError, ValueError, UnicodeEncodeError):
+            self._set("protocol_error", "the trace events are not valid Unicode JSON")
+        return events
+
+    def _call_host(self, fn: Callable[[], Any]) -> Any:
+        """Run a host callback with the sandbox's clock stopped."""
+        start = time.monotonic()
+        try:
+            return fn()
+        finally:
+            self.deadline += time.monotonic() - start
+
+    def _generate(self, rid: int, msg: dict[str, Any]) -> dict[str, Any]:
+        messages = msg.get("messages")
+        problem = _check_messages(messages)
+        if problem:
+            self._set("protocol_error", problem)
+        sp = _sampling(msg.get("sampling"))
+        if isinstance(sp, str):
+            self._set("protocol_error", sp)
+        try:
+            call = self._call_host(lambda: self.generate(messages, sp))
+        except BaseException as e:  # the caller's failure, not the harness's: re-raised after teardown
+            self.host_error = e
+            self._set("crashed", f"the host's generate callback raised {type(e).__name__}")
+        self.calls.append(call)
+        return {"type": "generate_result", "id": rid, "text": call.text, "finish_reason": call.finish_reason}
+
+    def _tool(self, rid: int, msg: dict[str, Any]) -> dict[str, Any]:
+        name, args = msg.get("name"), msg.get("args")
+        if not isinstance(name, str) or not isinstance(args, dict):
+            self._set("protocol_error", "a tool request needs a str name and a dict of args")
+        fn = self.host_tools.get(name)
+        if fn is None:
+            return {"type": "rpc_error", "id": rid, "message": f"unknown tool {name[:80]!r}"}
+        try:
+            output = self._call_host(lambda: _invoke(fn, args))
+        except TypeError as e:
+            if _raised_by_call(e):
+                return {"type": "rpc_error", "id": rid, "message": f"bad arguments for tool {name!r}: {e}"}
+            return {"type": "rpc_error", "id": rid, "message": f"tool {name!r} raised TypeError: {e}"}
+        except Exception as e:
+            return {"type": "rpc_error", "id": rid, "message": f"tool {name!r} raised {type(e).__name__}: {e}"}
+        return {"type": "tool_result", "id": rid, "output": output if isinstance(output, str) else str(output)}
+
+    # -- teardown
+    def _teardown(self, namespaced: bool) -> None:
+        proc = self.proc
+        if proc is None:
+            return
+        try:
+            if namespaced:
+                if self.inner_pidfd is not None:
+                    try:
+                        signal.pidfd_send_signal(self.inner_pidfd, signal.SIGKILL)
+                    except OSError:
+                        pass
+                if self.inner_pidfd is None or not self._wait(proc, 2.0):
+                    # No pidfd of the namespace's init: killing bwrap makes the kernel kill its init
+                    # (--die-with-parent), which takes the whole pid namespace with it.
+                    self._kill_pid(proc)
+            else:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # before reaping: the group id cannot be reused yet
+                except OSError:
+                    pass
+            if not self._wait(proc, _REAP_TIMEOUT_S):
+                self._kill_pid(proc)
+                self._wait(proc, _REAP_TIMEOUT_S)
+            if self.outcome is None and proc.stderr is not None:
+                self._drain_stderr(proc.stderr.fileno())
+        finally:
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+
+    def _drain_stderr(self, fd: int) -> None:
+        """The last words of a child that died without a result (for the crash reason)."""
+        os.set_blocking(fd, False)
+        for _ in range(16):
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:
+                return
+            if not data:
+                return
+            self.stderr_tail += data
+            del self.stderr_tail[:-_STDERR_TAIL]
+
+    @staticmethod
+    def _kill_pid(proc: subprocess.Popen) -> None:
+        try:
+            proc.kill()
+        except OSError:
+            pass
+
+    @staticmethod
+    def _wait(proc: subprocess.Popen, timeout: float) -> bool:
+        try:
+            proc.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
