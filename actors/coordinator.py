@@ -68,7 +68,11 @@ class Coordinator:
         self._lock = threading.Lock()
         self.splits: Splits = self.domain.load_splits(cfg.data, cfg.seed)
         self.archive = Archive(self.run_dir / "archive")
-        self.state = RunState.load(self.run_dir) or self._start_state()
+        self.state = RunState.load(self.run_dir)
+        if self.state is None:
+            self.state = self._start_state()
+        else:
+            self._recount_rollouts()
         self._start_actors()
 
     # ----------------------------------------------------------------------------- the loop
@@ -98,7 +102,6 @@ class Coordinator:
         prog = self._enter_phase(cycle, index, phase)
         n_weight = len(self.splits.weight)
         budget = max(1, round(phase.budget * n_weight))
-        harness = self.archive.get(self.state.accepted_harness)
         rules = self.cfg.adaptive
         while prog.prompts_done < budget:
             if phase.adaptive and weight_phase_should_stop(prog.prompts_done / n_weight, prog.step_rewards, rules):
@@ -106,10 +109,11 @@ class Coordinator:
             step_started = time.perf_counter()
             n = min(self.cfg.weight.prompts_per_step, budget - prog.prompts_done)
             tasks, cursor, weight_pass = self._next_weight_prompts(n)
-            rollouts = self.rollout(
-                harness.id, harness.code, tasks, samples=self.cfg.weight.samples_per_prompt, phase="weight",
-                cycle=cycle, unit=prog.units_done,
-            )
+            rollouts = self.rollout(self.state.accepted_harness, tasks, samples=self.cfg.weight.samples_per_prompt,
+                                    phase="weight",
+                                    cycle=cycle, unit=prog.units_done)
+            # Written before training: a step redone after a crash overwrites the same file.
+            self._write_rollouts(f"weight-c{cycle:02d}-s{prog.units_done:04d}", rollouts)
             examples = accepted_examples(rollouts)
             metrics = ray.get(self.trainer.train_step.remote(examples))
             if metrics["trained"]:
@@ -120,7 +124,6 @@ class Coordinator:
                 self.state.weight_version, self.state.checkpoint = version, str(checkpoint.relative_to(self.run_dir))
                 self.state.ledger.weight_steps += 1
                 self._prune_checkpoints()
-            self._write_rollouts(f"weight-c{cycle:02d}-s{prog.units_done:04d}", rollouts)
             reward = sum(r.reward for r in rollouts) / len(rollouts)
             prog.step_rewards.append(reward)
             prog.prompts_done += n
@@ -203,30 +206,34 @@ class Coordinator:
         return ids
 
     def evaluate_candidates(self, ids: list[str], cycle: int, iteration: int) -> None:
-        """Validate (static check, then a one-example smoke test in the sandbox) and evaluate on D_harness."""
-        todo = [cid for cid in ids if self.archive.get(cid).meta["status"] == "proposed"]
+        """Validate (static check, then a one-example smoke test in the sandbox) and evaluate on D_harness;
+        the candidates of an iteration run side by side in the evaluator pool."""
         valid = []
-        for cid in todo:
+        for cid in ids:
+            if self.archive.get(cid).status != "proposed":
+                continue
             try:
                 check_harness_source(self.archive.get(cid).code, f"{cid}/harness.py")
             except ValueError as e:
                 self._reject(cid, str(e))
             else:
                 valid.append(cid)
-        smoke = {cid: self.rollout(cid, self.archive.get(cid).code, self.splits.harness[:1], samples=1,
-                                   phase="validate", cycle=cycle, unit=iteration, write=False)[0]
-                 for cid in valid}
+        smoke = self.rollout_many([(cid, self.splits.harness[:1], 1) for cid in valid],
+                                  phase="validate", cycle=cycle, unit=iteration)
+        for cid, (ep,) in zip(valid, smoke):
+            self._write_rollouts(f"validate-c{cycle:02d}-i{iteration:03d}-{cid}", [ep])
         self.state.ledger.harness_rollouts += len(smoke)
-        valid = [cid for cid in valid if smoke[cid].status == "ok" or self._reject(cid, smoke[cid])]
+        valid = [cid for cid, (ep,) in zip(valid, smoke) if ep.status == "ok" or self._reject(cid, ep)]
         per_example = self.cfg.harness_phase.rollouts_per_example
-        for cid in valid:
-            rollouts = self.rollout(cid, self.archive.get(cid).code, self.splits.harness, samples=per_example,
-                                    phase="harness", cycle=cycle, unit=iteration)
+        evaluations = self.rollout_many([(cid, self.splits.harness, per_example) for cid in valid],
+                                        phase="harness", cycle=cycle, unit=iteration)
+        for cid, rollouts in zip(valid, evaluations):
+            self._write_rollouts(f"harness-c{cycle:02d}-i{iteration:03d}-{cid}", rollouts)
             rows = [{"task_id": r.task_id, "reward": r.reward, "turns": r.turns, "prompt_tokens": r.prompt_tokens,
                      "status": r.status, "truncated": r.truncated} for r in rollouts]
             self.archive.record_evaluation(cid, rows, [r.trace for r in rollouts], self.state.weight_version)
             self.state.ledger.harness_rollouts += len(rollouts)
-            self.state.save(self.run_dir)
+        self.state.save(self.run_dir)
 
     def _reject(self, cid: str, why: str | Rollout) -> bool:
         reason = why if isinstance(why, str) else f"smoke test: {why.status}: {why.reason}"
@@ -272,9 +279,7 @@ class Coordinator:
         if key not in self.state.eval_cache:
             assert version == self.state.weight_version, "evaluations run under the loaded weights only"
             tasks = getattr(self.splits, split)
-            harness = self.archive.get(harness_id)
-            rollouts = self.rollout(harness_id, harness.code, tasks, samples=samples, phase=split,
-                                    cycle=self.state.cycle, unit=0)
+            rollouts = self.rollout(harness_id, tasks, samples=samples, phase=split, cycle=self.state.cycle, unit=0)
             self._write_rollouts(f"{split}-v{version:05d}-{harness_id}", rollouts)
             self.state.ledger.eval_rollouts += len(rollouts)
             self.state.eval_cache[key] = sum(r.reward for r in rollouts) / len(rollouts)
@@ -282,34 +287,43 @@ class Coordinator:
         return self.state.eval_cache[key]
 
     # ---------------------------------------------------------------------------- rollouts
-    def rollout(self, harness_id: str, code: str, tasks: list[Task], *, samples: int, phase: str, cycle: int,
-                unit: int, write: bool = True) -> list[Rollout]:
-        """Runs samples x tasks episodes through the evaluator pool and scores them with the verifier."""
-        jobs, meta = [], []
-        for t in tasks:
-            for s in range(samples):
-                seed = episode_seed(self.cfg.seed, phase, cycle, unit, harness_id, t.id, s)
-                jobs.append(EpisodeJob(task=t.public(), seed=seed))
-                meta.append((t, s, seed))
+    def rollout(self, harness_id: str, tasks: list[Task], *, samples: int, phase: str, cycle: int,
+                unit: int) -> list[Rollout]:
+        return self.rollout_many([(harness_id, tasks, samples)], phase=phase, cycle=cycle, unit=unit)[0]
+
+    def rollout_many(self, work: list[tuple[str, list[Task], int]], *, phase: str, cycle: int,
+                     unit: int) -> list[list[Rollout]]:
+        """Runs `samples` episodes per task for each (harness, tasks, samples) through the evaluator pool,
+        all at once, and scores them with the verifier, which lives here in the trusted process."""
         version = self.state.weight_version
-        results: list[EpisodeResult | None] = [None] * len(jobs)
-        pending = dict((ref, start) for start, ref in self.pool.submit(code, f"{harness_id}.py", jobs))
-        self._set_progress(done=0, total=len(jobs))
+        submitted, total = [], 0
+        for harness_id, tasks, samples in work:
+            meta = [(t, s, episode_seed(self.cfg.seed, phase, cycle, unit, harness_id, t.id, s))
+                    for t in tasks for s in range(samples)]
+            jobs = [EpisodeJob(task=t.public(), seed=seed) for t, _, seed in meta]
+            refs = self.pool.submit(self.archive.get(harness_id).code, f"{harness_id}.py", jobs)
+            submitted.append((harness_id, meta, refs))
+            total += len(jobs)
+        self._set_progress(done=0, total=total)
+        owner = {ref: (i, start) for i, (_, _, refs) in enumerate(submitted) for start, ref in refs}
+        results: list[list[EpisodeResult | None]] = [[None] * len(meta) for _, meta, _ in submitted]
         done = 0
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            start = pending.pop(ready[0])
+        while owner:
+            ready, _ = ray.wait(list(owner), num_returns=1)
+            i, start = owner.pop(ready[0])
             chunk = ray.get(ready[0])
-            results[start:start + len(chunk)] = chunk
+            results[i][start:start + len(chunk)] = chunk
             done += len(chunk)
             self._set_progress(done=done)
-        rollouts = []
-        for (task, sample, seed), ep in zip(meta, results):
-            reward = self.domain.verify(task, ep.answer) if ep.status == "ok" else 0.0
-            rollouts.append(Rollout.from_episode(
-                ep, phase=phase, cycle=cycle, harness_id=harness_id, task=task, sample=sample, seed=seed,
-                weight_version=version, reward=reward))
-        return rollouts
+        out = []
+        for (harness_id, meta, _), episodes in zip(submitted, results):
+            out.append([
+                Rollout.from_episode(ep, phase=phase, cycle=cycle, harness_id=harness_id, task=task, sample=sample,
+                                     seed=seed, weight_version=version,
+                                     reward=self.domain.verify(task, ep.answer) if ep.status == "ok" else 0.0)
+                for (task, sample, seed), ep in zip(meta, episodes)
+            ])
+        return out
 
     def _write_rollouts(self, name: str, rollouts: list[Rollout]) -> None:
         path = self.run_dir / "rollouts" / f"{name}.parquet"
@@ -350,6 +364,17 @@ class Coordinator:
                 ray.get(self.trainer.load_checkpoint.remote(str(self.run_dir / self.state.checkpoint)))
         self.proposer = HarnessProposer.options(num_cpus=0).remote(
             self.cfg.harness_phase.proposer, self.domain.skill_text, self.cfg.seed)
+
+    def _recount_rollouts(self) -> None:
+        """On resume, count rollouts from the Parquet files: a unit of work cut short between writing its
+        rollouts and saving the state is then neither lost nor, once redone (same file), counted twice."""
+        counts = {"weight": 0, "harness": 0, "validate": 0, "val": 0, "test": 0}
+        for path in (self.run_dir / "rollouts").glob("*.parquet"):
+            counts[path.name.split("-", 1)[0]] += pq.ParquetFile(path).metadata.num_rows
+        ledger = self.state.ledger
+        ledger.weight_rollouts = counts["weight"]
+        ledger.harness_rollouts = counts["harness"] + counts["validate"]
+        ledger.eval_rollouts = counts["val"] + counts["test"]
 
     def _phase_finished(self, cycle: int, index: int) -> bool:
         p = self.state.phase

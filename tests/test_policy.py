@@ -111,7 +111,8 @@ def test_build_is_cached_and_loadable(built):
     assert 300_000 < sum(p.numel() for p in model.parameters()) < 3_000_000
     assert (path / "model.safetensors").is_file() and (path / "generation_config.json").is_file()
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
-    assert model.generation_config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
+    assert model.generation_config.eos_token_id == [tok.convert_tokens_to_ids("<|im_end|>"), tok.pad_token_id]
+    assert model.config.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>")
     info = read_build_info(path)
     assert info["steps"] == STEPS and info["loss_end"] < info["loss_start"]
     assert info["key"]["domain"] == "standin" and info["key"]["seed"] == 0
@@ -272,8 +273,9 @@ def test_eos_is_kept_and_stop(engine):
     stopped = [o for o in outs if o.finish_reason == "stop"]
     assert stopped, [o.text for o in outs]
     eos = engine.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert eos in engine.eos_ids
     for o in stopped:
-        assert o.completion_ids[-1] == eos and eos not in o.completion_ids[:-1]
+        assert o.completion_ids[-1] in engine.eos_ids and not set(engine.eos_ids) & set(o.completion_ids[:-1])
         assert "<|im_end|>" not in o.text and "<|endoftext|>" not in o.text
         assert o.text == engine.tokenizer.decode(o.completion_ids, skip_special_tokens=True)
     prompt = engine.tokenizer.apply_chat_template(ask("What is 0 + 5?").messages, tokenize=False, add_generation_prompt=True)
@@ -315,6 +317,11 @@ def test_stop_strings(engine):
         assert stop in tok.decode(ids, skip_special_tokens=True)  # the last token completes the stop string
         assert stop not in tok.decode(ids[:-1], skip_special_tokens=True)
         assert len(o.logprobs) == len(ids)
+    # a stop string completed by the last token the budget allows still counts as a stop
+    b, stop = expect[0]
+    n = len(outs[0].completion_ids)
+    at_budget = engine.generate([ask("What is 0 + 8?", max_tokens=n, temperature=0.0, stop=(stop,))])[0]
+    assert at_budget.finish_reason == "stop" and at_budget.text == outs[0].text
 
 
 def test_seeded_requests_are_deterministic(built, engine):

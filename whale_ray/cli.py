@@ -19,6 +19,8 @@ from rich.console import Console
 from whale_ray.config import CONDITIONS, ConfigError, WhaleConfig, dump_config, load_config
 
 console = Console()
+if not console.is_terminal:
+    console.width = 200  # logs and pipes: keep table rows on one line
 
 # flag -> dotted config key
 FLAG_KEYS = {
@@ -118,7 +120,7 @@ def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
     from rich.live import Live
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from whale_ray.report import cycle_table
+    from whale_ray.report import cycle_line
     from whale_ray.run_state import CycleRow
 
     bar = Progress(TextColumn("[bold]{task.fields[head]}"), BarColumn(), MofNCompleteColumn(),
@@ -136,7 +138,7 @@ def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
             if shown is None:
                 shown = len(rows)  # rows of an earlier launch were printed then; show only new ones
             for row in rows[shown:]:
-                console.print(cycle_table([CycleRow(**row)], title=f"cycle {row['cycle']}"))
+                console.print(cycle_line(CycleRow(**row)), highlight=False)
             shown = len(rows)
             if ready:
                 return ray.get(run_ref)

@@ -25,6 +25,14 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def cycle_line(row: CycleRow) -> str:
+    """One cycle as one line, printed as soon as the cycle ends."""
+    return (f"cycle {row.cycle} | {row.phases} | rollouts weight {row.weight_rollouts}, harness {row.harness_rollouts} "
+            f"| train reward {_cell(row.train_reward)} | accepted {row.accepted_harness} "
+            f"(D_harness {_cell(row.harness_success)}) | θ v{row.weight_version} | val {_cell(row.val)} "
+            f"| best {row.best} | test mean@8 {_cell(row.test_mean8)} | {row.wall_s:.0f} s")
+
+
 def cycle_table(rows: list[CycleRow], title: str = "WHALE run") -> Table:
     table = Table(title=title)
     for _, header in COLUMNS:

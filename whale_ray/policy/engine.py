@@ -198,22 +198,25 @@ class TransformersEngine:
         if not requests:
             return []
         texts = [self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests]
-        prompt_ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        # Seeds are drawn in request order, so results do not depend on how requests are chunked.
-        seeds = [r.sampling.seed if r.sampling.seed is not None else self._rng.getrandbits(63) for r in requests]
-        outputs: list[GenerationOutput | None] = [None] * len(requests)
-        runnable = []
-        for i, ids in enumerate(prompt_ids):
-            if len(ids) >= self.max_context:  # no room for a single token: nothing is generated
-                outputs[i] = GenerationOutput("", list(ids), [], [], "length")
-            else:
-                runnable.append(i)
-        # Similar prompt lengths and budgets share a chunk: less padding, fewer idle rows.
-        runnable.sort(key=lambda i: (len(prompt_ids[i]), requests[i].sampling.max_tokens))
-        with self._lock:
+        with self._lock:  # one generate at a time; load_weights waits for it (and it for load_weights)
+            prompt_ids = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+            # Seeds are drawn in request order, so results do not depend on how requests are chunked.
+            seeds = [r.sampling.seed if r.sampling.seed is not None else self._rng.getrandbits(63) for r in requests]
+            outputs: list[GenerationOutput | None] = [None] * len(requests)
+            runnable = []
+            for i, ids in enumerate(prompt_ids):
+                if len(ids) >= self.max_context:  # no room for a single token: nothing is generated
+                    outputs[i] = GenerationOutput("", list(ids), [], [], "length")
+                else:
+                    runnable.append(i)
+            # Similar prompt lengths and budgets share a chunk: less padding, fewer idle rows.
+            runnable.sort(key=lambda i: (len(prompt_ids[i]), requests[i].sampling.max_tokens))
             for s in range(0, len(runnable), self.max_batch):
                 chunk = runnable[s : s + self.max_batch]
-                for i, out in zip(chunk, self._generate_chunk([requests[i] for i in chunk], [prompt_ids[i] for i in chunk], [seeds[i] for i in chunk])):
+                outs = self._generate_chunk(
+                    [requests[i] for i in chunk], [prompt_ids[i] for i in chunk], [seeds[i] for i in chunk]
+                )
+                for i, out in zip(chunk, outs):
                     outputs[i] = out
         return outputs  # type: ignore[return-value]
 
@@ -263,11 +266,12 @@ class TransformersEngine:
             if any(stops[r] for r in active):  # stop strings: only rows that have them are decoded
                 done_l = done.tolist()
                 for j, r in enumerate(active):
-                    if stops[r] and not done_l[j]:
+                    if stops[r]:
                         text = self.tokenizer.decode(
                             tokens[r, : step + 1].tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False
                         )
-                        stop_hit[r] = done_l[j] = any(s in text for s in stops[r])
+                        if any(s in text for s in stops[r]):
+                            stop_hit[r] = done_l[j] = True
                 done = torch.tensor(done_l, device=dev)
             finished = done.nonzero().squeeze(1).tolist()
             for j in finished:
