@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow.parquet as pq
 import ray
@@ -65,6 +65,7 @@ class Coordinator:
         self.domain = get_domain(cfg.domain)
         self.plan = plan(cfg)
         self.progress = Progress(cycles=len(self.plan))
+        self._on_cycle: Callable[[CycleRow], None] | None = None
         self._lock = threading.Lock()
         self.splits: Splits = self.domain.load_splits(cfg.data, cfg.seed)
         self.archive = Archive(self.run_dir / "archive")
@@ -72,11 +73,15 @@ class Coordinator:
         if self.state is None:
             self.state = self._start_state()
         else:
-            self._recount_rollouts()
+            self._drop_uncommitted_rollouts()
         self._start_actors()
 
     # ----------------------------------------------------------------------------- the loop
-    def run(self) -> list[CycleRow]:
+    def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
+        """Runs (or resumes) the schedule; `on_cycle` sees each cycle's row as it is recorded."""
+        self._on_cycle = on_cycle
+        if not self.state.history:
+            self.finish_cycle(-1, [], 0.0)  # row 0: (theta0, h0) on D_val and D_test, the starting point
         for c, phases in enumerate(self.plan):
             if c < self.state.cycle:
                 continue
@@ -130,7 +135,6 @@ class Coordinator:
             prog.units_done += 1
             prog.wall_s += time.perf_counter() - step_started
             self.state.weight_cursor, self.state.weight_pass = cursor, weight_pass
-            self.state.ledger.weight_rollouts += len(rollouts)
             self.state.save(self.run_dir)
             self._set_progress(detail=f"step {prog.units_done}: reward {reward:.3f}, "
                                       f"{len(examples)} accepted calls, loss {metrics.get('loss', float('nan')):.3f}")
@@ -222,17 +226,17 @@ class Coordinator:
                                   phase="validate", cycle=cycle, unit=iteration)
         for cid, (ep,) in zip(valid, smoke):
             self._write_rollouts(f"validate-c{cycle:02d}-i{iteration:03d}-{cid}", [ep])
-        self.state.ledger.harness_rollouts += len(smoke)
+        self.state.save(self.run_dir)  # rollouts on record before the archive moves on
         valid = [cid for cid, (ep,) in zip(valid, smoke) if ep.status == "ok" or self._reject(cid, ep)]
         per_example = self.cfg.harness_phase.rollouts_per_example
         evaluations = self.rollout_many([(cid, self.splits.harness, per_example) for cid in valid],
                                         phase="harness", cycle=cycle, unit=iteration)
         for cid, rollouts in zip(valid, evaluations):
             self._write_rollouts(f"harness-c{cycle:02d}-i{iteration:03d}-{cid}", rollouts)
+            self.state.save(self.run_dir)
             rows = [{"task_id": r.task_id, "reward": r.reward, "turns": r.turns, "prompt_tokens": r.prompt_tokens,
                      "status": r.status, "truncated": r.truncated} for r in rollouts]
             self.archive.record_evaluation(cid, rows, [r.trace for r in rollouts], self.state.weight_version)
-            self.state.ledger.harness_rollouts += len(rollouts)
         self.state.save(self.run_dir)
 
     def _reject(self, cid: str, why: str | Rollout) -> bool:
@@ -257,7 +261,7 @@ class Coordinator:
         rewards = self._cycle_rewards(cycle, "weight")
         spent, start = self.state.ledger, self.state.cycle_start or self.state.ledger
         row = CycleRow(
-            cycle=cycle + 1, phases=" + ".join(p.label() for p in phases),
+            cycle=cycle + 1, phases=" + ".join(p.label() for p in phases) or "start (θ0, h0)",
             weight_rollouts=spent.weight_rollouts - start.weight_rollouts,
             harness_rollouts=spent.harness_rollouts - start.harness_rollouts,
             train_reward=(sum(rewards) / len(rewards)) if rewards else None,
@@ -272,6 +276,8 @@ class Coordinator:
         self.state.phase = None
         self.state.cycle_start = None
         self.state.save(self.run_dir)
+        if self._on_cycle is not None:
+            self._on_cycle(row)
 
     def evaluate_split(self, split: str, harness_id: str, samples: int, version: int | None = None) -> float:
         version = self.state.weight_version if version is None else version
@@ -281,7 +287,6 @@ class Coordinator:
             tasks = getattr(self.splits, split)
             rollouts = self.rollout(harness_id, tasks, samples=samples, phase=split, cycle=self.state.cycle, unit=0)
             self._write_rollouts(f"{split}-v{version:05d}-{harness_id}", rollouts)
-            self.state.ledger.eval_rollouts += len(rollouts)
             self.state.eval_cache[key] = sum(r.reward for r in rollouts) / len(rollouts)
             self.state.save(self.run_dir)
         return self.state.eval_cache[key]
@@ -326,11 +331,21 @@ class Coordinator:
         return out
 
     def _write_rollouts(self, name: str, rollouts: list[Rollout]) -> None:
+        """Stores rollouts as rollouts/<name>.parquet and puts them on record (with the next state save).
+        Work that is redone after a crash writes the same name, so nothing is counted twice."""
         path = self.run_dir / "rollouts" / f"{name}.parquet"
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".parquet.tmp")
         pq.write_table(rollouts_to_table(rollouts), tmp)
         tmp.replace(path)
+        self.state.rollout_files[name] = len(rollouts)
+        counts = {"weight": 0, "harness": 0, "validate": 0, "val": 0, "test": 0}
+        for recorded, n in self.state.rollout_files.items():
+            counts[recorded.split("-", 1)[0]] += n
+        ledger = self.state.ledger
+        ledger.weight_rollouts = counts["weight"]
+        ledger.harness_rollouts = counts["harness"] + counts["validate"]
+        ledger.eval_rollouts = counts["val"] + counts["test"]
 
     def _cycle_rewards(self, cycle: int, phase: str) -> list[float]:
         rewards = []
@@ -365,16 +380,11 @@ class Coordinator:
         self.proposer = HarnessProposer.options(num_cpus=0).remote(
             self.cfg.harness_phase.proposer, self.domain.skill_text, self.cfg.seed)
 
-    def _recount_rollouts(self) -> None:
-        """On resume, count rollouts from the Parquet files: a unit of work cut short between writing its
-        rollouts and saving the state is then neither lost nor, once redone (same file), counted twice."""
-        counts = {"weight": 0, "harness": 0, "validate": 0, "val": 0, "test": 0}
-        for path in (self.run_dir / "rollouts").glob("*.parquet"):
-            counts[path.name.split("-", 1)[0]] += pq.ParquetFile(path).metadata.num_rows
-        ledger = self.state.ledger
-        ledger.weight_rollouts = counts["weight"]
-        ledger.harness_rollouts = counts["harness"] + counts["validate"]
-        ledger.eval_rollouts = counts["val"] + counts["test"]
+    def _drop_uncommitted_rollouts(self) -> None:
+        """On resume, rollout files that the state never recorded belong to unfinished work, which is redone."""
+        for path in (self.run_dir / "rollouts").glob("*.parquet*"):
+            if path.suffix != ".parquet" or path.stem not in self.state.rollout_files:
+                path.unlink()
 
     def _phase_finished(self, cycle: int, index: int) -> bool:
         p = self.state.phase

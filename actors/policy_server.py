@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 
-from whale_ray.policy.engine import Engine, GenerationRequest, make_engine
+from whale_ray.policy.engine import Engine, GenerationRequest, check_request, make_engine
 from whale_ray.records import ModelCall, SamplingParams
 
 
@@ -58,8 +58,10 @@ class PolicyBatcher:
         return self._queue
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
+        request = GenerationRequest(messages, sampling)
+        check_request(request)  # refused alone: a bad request must not fail the batch it would join
         future = asyncio.get_running_loop().create_future()
-        self._ensure_worker().put_nowait(_Pending(GenerationRequest(messages, sampling), future))
+        self._ensure_worker().put_nowait(_Pending(request, future))
         return await future
 
     async def _serve(self) -> None:

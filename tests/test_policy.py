@@ -403,6 +403,9 @@ def test_bad_requests_are_refused(engine):
     with pytest.raises(ValueError, match="content"):
         check_request(GenerationRequest([{"role": "user"}]))
     assert engine.generate([]) == []
+    # harmless oddities are served, not refused: one request must not fail a whole batch
+    odd = engine.generate([ask("q", max_tokens=3, stop=("",), seed=1), ask("q", max_tokens=3, temperature=float("inf"))])
+    assert len(odd[0].completion_ids) == 3 and all(len(o.logprobs) == len(o.completion_ids) for o in odd)
 
 
 def test_sample_rows_respects_top_k_and_greedy():

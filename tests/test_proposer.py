@@ -530,8 +530,8 @@ def test_make_proposer() -> None:
 # --------------------------------------------------------------------------------------- the actor
 
 
-def test_harness_proposer_actor_on_local_ray(tmp_path: Path) -> None:
-    ray = pytest.importorskip("ray")
+def test_harness_proposer_actor_on_local_ray(tmp_path: Path, ray_cluster) -> None:
+    ray = ray_cluster
     from actors.harness_proposer import HarnessProposer
 
     a = seeded(tmp_path)
@@ -539,18 +539,15 @@ def test_harness_proposer_actor_on_local_ray(tmp_path: Path) -> None:
     a.record_evaluation("h0", [row(i, 0.0) for i in range(10)], traces, weight_version=0)
     expected = [p.to_dict() for p in propose(a, n=2, seed=3)]
 
-    ray.init(num_cpus=1, include_dashboard=False, object_store_memory=80 * 1024 * 1024, log_to_driver=False)
-    try:
-        actor = HarnessProposer.remote("offline", SKILL, 3)
-        got = ray.get(actor.propose.remote(str(a.root), 2, 2), timeout=120)
-        assert got == expected
-        assert set(got[0]) == {"code", "parent", "hypothesis"}
-        assert knob(got[0]["code"], "MAX_TURNS") == 3
-        assert ray.get(actor.usage.remote())["proposals"] == 2
-        assert any("truncation" in n for n in ray.get(actor.notes.remote()))
+    actor = HarnessProposer.remote("offline", SKILL, 3)
+    got = ray.get(actor.propose.remote(str(a.root), 2, 2), timeout=120)
+    assert got == expected
+    assert set(got[0]) == {"code", "parent", "hypothesis"}
+    assert knob(got[0]["code"], "MAX_TURNS") == 3
+    assert ray.get(actor.usage.remote())["proposals"] == 2
+    assert any("truncation" in n for n in ray.get(actor.notes.remote()))
 
-        broken = HarnessProposer.remote("llm", SKILL, 0)
-        with pytest.raises(Exception, match="unknown proposer kind 'llm'"):
-            ray.get(broken.propose.remote(str(a.root), 1, 2), timeout=120)
-    finally:
-        ray.shutdown()
+    broken = HarnessProposer.remote("llm", SKILL, 0)
+    with pytest.raises(Exception, match="unknown proposer kind 'llm'"):
+        ray.get(broken.propose.remote(str(a.root), 1, 2), timeout=120)
+

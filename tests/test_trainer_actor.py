@@ -17,12 +17,8 @@ MORE = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13])]
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+def cluster(ray_cluster):
+    return ray_cluster
 
 
 @pytest.fixture(scope="module")

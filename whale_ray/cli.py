@@ -54,6 +54,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--isolation", choices=["auto", "bwrap", "unsafe_none"],
                      help="sandbox isolation; 'unsafe_none' runs untrusted harness code without namespaces")
     run.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    sweep = sub.add_parser("sweep", help="a Ray Tune sweep over (E, I) schedules, one full run per point")
+    sweep.add_argument("file", type=Path, help="sweep YAML (see tune_configs/)")
+    sweep.add_argument("--root", type=Path, default=Path("runs/sweep"), help="folder of the trials' run directories")
+    sweep.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
     return parser.parse_args(argv)
 
 
@@ -96,8 +100,8 @@ def base_model(cfg: WhaleConfig) -> str:
 
     cache = Path(os.environ.get("WHALE_CACHE", Path.home() / ".cache" / "whale-ray"))
     console.print(f"embedded tiny policy: cached under {cache} (built on first use)")
-    path = build_embedded_policy(get_domain(cfg.domain), cache_dir=cache,
-                                 warmstart_steps=cfg.policy.warmstart_steps, seed=cfg.seed)
+    # One base policy for every run seed: runs differ in what WHALE does, not in where they start.
+    path = build_embedded_policy(get_domain(cfg.domain), cache_dir=cache, warmstart_steps=cfg.policy.warmstart_steps)
     return str(path)
 
 
@@ -173,11 +177,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from whale_ray.sweep import load_sweep, run_sweep, trial_config
+
+    sweep = load_sweep(args.file)
+    configs = [trial_config(sweep, point, Path(args.root).resolve()) for point in sweep.points]
+    for cfg in configs:
+        check_inputs(cfg)
+    model = base_model(configs[0])
+    start_ray(args.ray_address)
+    import ray
+
+    try:
+        rows = run_sweep(sweep, args.root, model)
+    finally:
+        ray.shutdown()
+    table = Table(title=f"schedule sweep, best first by {sweep.metric}")
+    for header in ("E", "I", "cycles", "test mean@8", "best val", "best (θ*,h*)"):
+        table.add_column(header)
+    for r in rows:
+        table.add_row(f"{r['E']:g}", str(r["I"]), str(r["cycle"]), f"{r['test_mean8']:.3f}", f"{r['best_val']:.3f}",
+                      r["best"])
+    console.print(table)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "sweep":
+            return cmd_sweep(args)
     except (ConfigError, InputError) as e:
         console.print(f"[red]whale: error:[/red] {e}", highlight=False)
         return 2

@@ -81,6 +81,7 @@ class RunState(BaseModel):
     history: list[CycleRow] = Field(default_factory=list)
     eval_cache: dict[str, float] = Field(default_factory=dict)
     phase_wall_s: dict[str, float] = Field(default_factory=dict)
+    rollout_files: dict[str, int] = Field(default_factory=dict)  # rollouts/<name>.parquet on record: rows
     phases_done: list[str] = Field(default_factory=list)  # "cycle:kind:units", in the order they finished
 
     @classmethod

@@ -53,7 +53,7 @@ SYSTEM_PROMPTS = (
 )
 
 WHOLE_EXPRESSION_RATE = 0.15  # tool conversations that compute everything in one call
-PLAIN_ANSWER_RATE = 0.5  # without \boxed in the system prompt: "The answer is N." instead of \boxed{N}
+PLAIN_ANSWER_RATE = 0.8  # without \boxed in the system prompt: "The answer is N." instead of \boxed{N}
 WARMSTART_BUCKETS = 4  # a question belongs to the warm-start data iff crc32(question) % 4 == 0
 
 # --- limits of the generated problems ------------------------------------------------------------

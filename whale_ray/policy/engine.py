@@ -70,14 +70,14 @@ def check_request(request: GenerationRequest) -> None:
     s = request.sampling
     if not isinstance(s.max_tokens, int) or s.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {s.max_tokens!r}")
-    if not isinstance(s.temperature, (int, float)) or not (0 <= s.temperature < float("inf")):
-        raise ValueError(f"temperature must be a finite number >= 0, got {s.temperature!r}")
+    if not isinstance(s.temperature, (int, float)) or not s.temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0, got {s.temperature!r}")
     if not isinstance(s.top_k, int) or s.top_k < 0:
         raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {s.top_k!r}")
     if not isinstance(s.top_p, (int, float)) or not (0 < s.top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1], got {s.top_p!r}")
-    if isinstance(s.stop, str) or not all(isinstance(x, str) and x for x in s.stop):
-        raise ValueError(f"stop must be a sequence of non-empty strings, got {s.stop!r}")
+    if isinstance(s.stop, str) or not all(isinstance(x, str) for x in s.stop):
+        raise ValueError(f"stop must be a sequence of strings, got {s.stop!r}")
     if s.seed is not None and not isinstance(s.seed, int):
         raise ValueError(f"seed must be an integer or None, got {s.seed!r}")
 
@@ -249,7 +249,7 @@ class TransformersEngine:
         logprobs = torch.zeros((n, steps_max), device=dev)
         lengths = [0] * n
         stop_hit = [False] * n
-        stops = [tuple(r.sampling.stop) for r in requests]
+        stops = [tuple(x for x in r.sampling.stop if x) for r in requests]  # empty stop strings are ignored
         rows = torch.arange(n, device=dev)  # original row of each active batch row
         cache = self._new_cache()
         model_in = input_ids
@@ -312,6 +312,7 @@ class VLLMEngine:
     machine before use. Known points to check there: vLLM reports log-probs of the raw model distribution
     unless its `logprobs_mode` is set to processed log-probs; whether `token_ids` keep the eos and how stop
     strings cut them; `LLM.apply_model` for in-place weight loading exists only in recent vLLM versions.
+    `device` is accepted for interface parity and ignored (vLLM places the model itself).
     """
 
     def __init__(
