@@ -27,7 +27,7 @@ import ray
 
 from actors.harness_proposer import HarnessProposer
 from actors.policy_server import PolicyServer
-from actors.sandbox_evaluator import EpisodeJob, EvaluatorPool
+from actors.sandbox_evaluator import CLUSTER, EpisodeJob, EvaluatorPool
 from actors.trainer import Trainer
 from whale_ray.archive import Archive
 from whale_ray.config import WhaleConfig, dump_config
@@ -367,17 +367,17 @@ class Coordinator:
     def _start_actors(self) -> None:
         model = str(self.run_dir / self.state.checkpoint) if self.state.checkpoint else self.base_model
         p = self.cfg.policy
-        self.policy = PolicyServer.options(num_cpus=1).remote(
+        self.policy = PolicyServer.options(num_cpus=1, scheduling_strategy=CLUSTER).remote(
             model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
             version=self.state.weight_version, device=p.device, dtype=p.dtype, seed=self.cfg.seed)
         self.pool = EvaluatorPool(self.cfg.domain, self.policy, self.cfg.sandbox)
         self.trainer = None
         if any(ph.kind == "weight" for phases in self.plan for ph in phases):
-            self.trainer = Trainer.options(num_cpus=0).remote(
+            self.trainer = Trainer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
                 self.base_model, self.cfg.weight.model_dump(), str(self.run_dir / "trainer"), seed=self.cfg.seed)
             if self.state.checkpoint:
                 ray.get(self.trainer.load_checkpoint.remote(str(self.run_dir / self.state.checkpoint)))
-        self.proposer = HarnessProposer.options(num_cpus=0).remote(
+        self.proposer = HarnessProposer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
             self.cfg.harness_phase.proposer, self.domain.skill_text, self.cfg.seed)
 
     def _drop_uncommitted_rollouts(self) -> None:

@@ -18,6 +18,11 @@ from whale_ray.records import EpisodeResult, ModelCall, SamplingParams
 from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
 
 
+# A run's actors are placed anywhere on the cluster, never inside a caller's placement group (a Tune
+# trial's, say), whose reservation was not sized for them.
+CLUSTER = "DEFAULT"
+
+
 @dataclass(frozen=True)
 class EpisodeJob:
     task: dict[str, Any]  # Task.public(): never the gold answer
@@ -81,7 +86,7 @@ class EvaluatorPool:
             raise ValueError(f"an evaluator pool needs at least one evaluator, got {n}")
         while len(self._actors) < n:
             self._actors.append(
-                SandboxEvaluator.options(num_cpus=0.25).remote(self._domain, self._policy, self._cfg.model_dump())
+                SandboxEvaluator.options(num_cpus=0.25, scheduling_strategy=CLUSTER).remote(self._domain, self._policy, self._cfg.model_dump())
             )
         for actor in self._actors[n:]:
             ray.kill(actor)
