@@ -35,9 +35,9 @@ from whale_ray.domain import Splits, get_domain
 from whale_ray.harness import check_harness_source
 from whale_ray.records import EpisodeResult, Rollout, Task, rollouts_to_table
 from whale_ray.rsft import accepted_examples
-from whale_ray.storage import atomic_write_text
 from whale_ray.run_state import CycleRow, PhaseProgress, RunState, Selection
 from whale_ray.schedules import Phase, harness_phase_should_stop, plan, weight_phase_should_stop
+from whale_ray.storage import atomic_write_text
 
 
 def episode_seed(*parts: Any) -> int:

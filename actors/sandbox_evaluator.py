@@ -17,7 +17,6 @@ from whale_ray.domain import get_domain
 from whale_ray.records import EpisodeResult, ModelCall, SamplingParams
 from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
 
-
 # A run's actors are placed anywhere on the cluster, never inside a caller's placement group (a Tune
 # trial's, say), whose reservation was not sized for them.
 CLUSTER = "DEFAULT"

@@ -23,8 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from whale_ray.records import ModelCall  # noqa: E402
-from whale_ray.sandbox import SandboxLimits, run_episode  # noqa: E402
-from whale_ray.sandbox import isolation  # noqa: E402
+from whale_ray.sandbox import (  # noqa: E402
+    SandboxLimits,
+    isolation,  # noqa: E402
+    run_episode,
+)
 
 HARNESS = '''
 def run(task, agent):

@@ -46,6 +46,23 @@ def tiny_policy(whale_cache) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A randomly initialised Qwen3 small enough for exact numeric checks (vocab 64, 2 layers)."""
+    import json
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, intermediate_size=64)
+    path = tmp_path_factory.mktemp("tiny_qwen3")
+    Qwen3ForCausalLM(cfg).save_pretrained(path)
+    (path / "tokenizer_config.json").write_text(json.dumps({"marker": "tok"}))  # passes through save()
+    return path
+
+
+@pytest.fixture(scope="session")
 def ray_cluster():
     import ray
 

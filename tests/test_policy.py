@@ -26,8 +26,8 @@ from whale_ray.policy import (
     load_policy,
     make_engine,
     read_build_info,
+    tiny,
 )
-from whale_ray.policy import tiny
 from whale_ray.policy.engine import sample_rows
 from whale_ray.records import SamplingParams
 

@@ -13,8 +13,16 @@ import pytest
 from whale_ray.archive import Archive
 from whale_ray.harness import HarnessError, check_harness_source, harness_diff, load_harness_file, normalize_code
 from whale_ray.proposer import (
-    Edit, OfflineProposer, Proposal, ProposerError, apply_edit, changes_between, make_proposer, numeric_steps,
-    parse_skill, read_knobs,
+    Edit,
+    OfflineProposer,
+    Proposal,
+    ProposerError,
+    apply_edit,
+    changes_between,
+    make_proposer,
+    numeric_steps,
+    parse_skill,
+    read_knobs,
 )
 
 H0 = r'''"""A small test harness in the h0 style."""

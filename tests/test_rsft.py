@@ -13,20 +13,6 @@ import torch.nn.functional as F
 from whale_ray.records import EpisodeResult, ModelCall, Rollout, Task, rollouts_to_table
 from whale_ray.rsft import InvalidExamples, RSFTLearner, accepted_examples, collate, completion_nll, truncate
 
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64)
-    path = tmp_path_factory.mktemp("tiny_qwen3")
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
-    (path / "tokenizer_config.json").write_text(json.dumps({"marker": "tok"}))  # passes through save()
-    return path
-
-
 EXAMPLES = [([1, 2, 3], [4, 5, 6, 7]), ([8, 9], [10, 11]), ([12], [13, 14, 15, 16, 17]), ([3, 3, 3, 3, 3], [7])]
 
 

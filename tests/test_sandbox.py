@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from whale_ray.records import STATUSES, ModelCall
-from whale_ray.sandbox import SandboxLimits, run_episode
-from whale_ray.sandbox import isolation
+from whale_ray.sandbox import SandboxLimits, isolation, run_episode
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,19 +22,6 @@ def cluster(ray_cluster):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, intermediate_size=64)
-    path = tmp_path_factory.mktemp("tiny_qwen3")
-    Qwen3ForCausalLM(cfg).save_pretrained(path)
-    (path / "tokenizer_config.json").write_text(json.dumps({"marker": "tok"}))
-    return path
-
-
-@pytest.fixture(scope="module")
 def trainer(cluster, tiny_model, tmp_path_factory):
     t = Trainer.remote(str(tiny_model), CFG, str(tmp_path_factory.mktemp("trainer")))
     try:

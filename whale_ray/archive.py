@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from whale_ray.harness import harness_diff
-from whale_ray.storage import atomic_write_text, fsync_dir, write_file
 from whale_ray.records import STATUSES
+from whale_ray.storage import atomic_write_text, fsync_dir, write_file
 
 CANDIDATE_STATUSES = ("proposed", "invalid", "evaluated")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")

@@ -157,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import ray
 
     from actors.coordinator import CoordinatorActor
-    from whale_ray.report import cycle_table, write_report
+    from whale_ray.report import cycle_table, ledger_lines, write_report
     from whale_ray.run_state import CycleRow, RunState
 
     coordinator = CoordinatorActor.remote(cfg.model_dump(mode="json"), model)
@@ -168,11 +168,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     state = RunState.load(cfg.run_dir)
     report = write_report(cfg.run_dir, state)
     console.print(cycle_table([CycleRow(**r.model_dump()) for r in state.history], title="WHALE run summary"))
-    led = state.ledger
-    console.print(f"rollouts: weight phase {led.weight_rollouts}, harness evaluation {led.harness_rollouts} "
-                  f"(training total {led.training_rollouts}); val/test reporting {led.eval_rollouts}")
-    walls = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(state.phase_wall_s.items()))
-    console.print(f"wall time by phase: {walls}; this launch {time.perf_counter() - started:.1f} s")
+    for line in ledger_lines(state):
+        console.print(line, highlight=False)
+    console.print(f"this launch: {time.perf_counter() - started:.1f} s")
     console.print(f"run directory: {cfg.run_dir}  (report: {report})")
     return 0
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from whale_ray.storage import atomic_write_text
 from whale_ray.run_state import CycleRow, RunState
+from whale_ray.storage import atomic_write_text
 
 COLUMNS = (
     ("cycle", "cycle"), ("phases", "phases"), ("weight_rollouts", "weight rollouts"),
@@ -48,6 +48,22 @@ def markdown_table(rows: list[CycleRow]) -> str:
     return "\n".join(lines)
 
 
+def ledger_lines(state: RunState) -> list[str]:
+    """What the run spent, by ledger, and how fast each phase turned rollouts over."""
+    led, walls = state.ledger, state.phase_wall_s
+    spent = {"weight": led.weight_rollouts, "harness": led.harness_rollouts}
+    speed = ", ".join(f"{kind} {walls[kind]:.1f} s ({spent[kind] / walls[kind]:.1f} rollouts/s)"
+                      for kind in sorted(walls) if walls[kind] > 0) or "-"
+    return [
+        f"rollouts: weight phase {led.weight_rollouts}, harness evaluation {led.harness_rollouts} "
+        f"(training total {led.training_rollouts}); val/test reporting {led.eval_rollouts}",
+        f"weight steps {led.weight_steps}; harness iterations {led.harness_iterations}; "
+        f"candidates proposed {led.candidates_proposed}, invalid {led.candidates_invalid}",
+        f"wall time by phase: {speed}",
+        f"best (θ*, h*): {state.best.model_dump() if state.best else '-'}",
+    ]
+
+
 def write_report(run_dir: Path, state: RunState) -> Path:
     """report/summary.md and report/curves.png; returns the report folder."""
     import matplotlib
@@ -57,17 +73,8 @@ def write_report(run_dir: Path, state: RunState) -> Path:
 
     out = Path(run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
-    ledger = state.ledger
-    walls = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(state.phase_wall_s.items())) or "-"
-    text = "\n".join([
-        "# WHALE run summary", "", markdown_table(state.history), "",
-        f"- rollouts: weight phase {ledger.weight_rollouts}, harness evaluation {ledger.harness_rollouts}, "
-        f"val/test reporting {ledger.eval_rollouts}",
-        f"- weight steps {ledger.weight_steps}; harness iterations {ledger.harness_iterations}; "
-        f"candidates proposed {ledger.candidates_proposed}, invalid {ledger.candidates_invalid}",
-        f"- wall time by phase: {walls}",
-        f"- best (θ*, h*): {state.best.model_dump() if state.best else '-'}", "",
-    ])
+    text = "\n".join(["# WHALE run summary", "", markdown_table(state.history), "",
+                      *(f"- {line}" for line in ledger_lines(state)), ""])
     atomic_write_text(out / "summary.md", text)
 
     if state.history:
@@ -81,7 +88,8 @@ def write_report(run_dir: Path, state: RunState) -> Path:
         succ = [(r.cycle, r.harness_success) for r in state.history if r.harness_success is not None]
         if succ:
             ax.plot(*zip(*succ), marker="x", label="accepted h on D_harness")
-        ax.set_xlabel("cycle")
+        ax.set_xticks(cycles)
+        ax.set_xlabel("cycle (0 = start)")
         ax.set_ylabel("success")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
