@@ -54,7 +54,6 @@ class Progress:
     detail: str = ""
     done: int = 0
     total: int = 0
-    rows_emitted: int = 0
 
 
 class Coordinator:
@@ -258,7 +257,7 @@ class Coordinator:
         # theta* is the current policy whenever the best just changed, so its test score is computed
         # under loaded weights; an older best's score is already in the cache.
         test = self.evaluate_split("test", best.harness_id, self.cfg.eval.test_samples, version=best.weight_version)
-        rewards = self._cycle_rewards(cycle, "weight")
+        rewards = self._weight_rewards(cycle)
         spent, start = self.state.ledger, self.state.cycle_start or self.state.ledger
         row = CycleRow(
             cycle=cycle + 1, phases=" + ".join(p.label() for p in phases) or "start (θ0, h0)",
@@ -347,9 +346,9 @@ class Coordinator:
         ledger.harness_rollouts = counts["harness"] + counts["validate"]
         ledger.eval_rollouts = counts["val"] + counts["test"]
 
-    def _cycle_rewards(self, cycle: int, phase: str) -> list[float]:
+    def _weight_rewards(self, cycle: int) -> list[float]:
         rewards = []
-        for path in sorted((self.run_dir / "rollouts").glob(f"{phase}-c{cycle:02d}-*.parquet")):
+        for path in sorted((self.run_dir / "rollouts").glob(f"weight-c{cycle:02d}-*.parquet")):
             rewards += pq.read_table(path, columns=["reward"]).column("reward").to_pylist()
         return rewards
 

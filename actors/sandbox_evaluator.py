@@ -28,14 +28,6 @@ class EpisodeJob:
     seed: int
 
 
-def sandbox_limits(cfg: SandboxConfig) -> SandboxLimits:
-    return SandboxLimits(
-        wall_s=cfg.wall_s, memory_mb=cfg.memory_mb, max_processes=cfg.max_processes,
-        max_output_bytes=cfg.max_output_bytes, max_rpc_calls=cfg.max_rpc_calls,
-        max_message_bytes=cfg.max_message_bytes, isolation=cfg.isolation,
-    )
-
-
 class EpisodeRunner:
     """Runs episodes of one harness at a time with `slots` sandboxes in flight."""
 
@@ -66,7 +58,7 @@ class SandboxEvaluator:
         def generate(messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
             return ray.get(policy.generate.remote(messages, sampling))
 
-        self._runner = EpisodeRunner(domain, generate, sandbox_limits(cfg), cfg.slots)
+        self._runner = EpisodeRunner(domain, generate, SandboxLimits.from_config(cfg), cfg.slots)
 
     def run_episodes(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[EpisodeResult]:
         return self._runner.run_episodes(harness_source, harness_name, jobs)

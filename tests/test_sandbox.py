@@ -5,6 +5,7 @@ Real subprocesses under bubblewrap; each test is bounded in time.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import textwrap
@@ -573,7 +574,188 @@ def test_runs_as_unprivileged_user():
     r = run("import os\ndef run(task, agent):\n    return f'{os.getuid()} {os.getgid()}'\n")
     assert r.status == "ok"
     if os.geteuid() == 0:
-        assert r.answer == f"{isolation.SANDBOX_UID} {isolation.SANDBOX_GID}"
+        uid, gid = map(int, r.answer.split())
+        assert uid == gid and isolation.SLOT_UID_BASE <= uid < isolation.SLOT_UID_BASE + isolation.MAX_SLOTS
+
+
+# ------------------------------------------------------------------------------- hardening layers
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-slot uids need root")
+
+
+@needs_root
+def test_concurrent_episodes_get_their_own_uids_and_a_fork_bomb_stays_in_its_slot():
+    from whale_ray.sandbox.runner import UID_POOL
+
+    bomb = """
+        import os, time
+        def run(task, agent):
+            agent.generate([{"role": "user", "content": str(os.getuid())}])
+            n = 0
+            try:
+                while n < 500:
+                    if os.fork() == 0:
+                        time.sleep(30)
+                        os._exit(0)
+                    n += 1
+            except OSError as e:
+                return f"{os.getuid()} {n} {e.errno}"
+            return f"{os.getuid()} {n} none"
+        """
+    quiet = """
+        import os, subprocess, sys
+        def run(task, agent):
+            agent.generate([{"role": "user", "content": str(os.getuid())}])
+            out = subprocess.run([sys.executable, "-c", "print(1)"], capture_output=True, text=True)
+            return f"{os.getuid()} {out.stdout.strip()}"
+        """
+    barrier = threading.Barrier(2, timeout=10)
+
+    def gen(messages, sampling):
+        barrier.wait()  # both episodes hold their slot at the same time
+        return ModelCall(messages=messages, text="x", prompt_ids=[1], completion_ids=[2], logprobs=[-1.0],
+                         weight_version=0, finish_reason="stop")
+
+    with ThreadPoolExecutor(2) as pool:
+        fa = pool.submit(run, bomb, gen=gen, max_processes=16)
+        fb = pool.submit(run, quiet, gen=gen, max_processes=16)
+        a, b = fa.result(), fb.result()
+    assert a.status == "ok" and b.status == "ok", (a.reason, b.reason)
+    uid_a, n, err = a.answer.split()
+    uid_b, one = b.answer.split()
+    assert uid_a != uid_b and int(uid_a) >= isolation.SLOT_UID_BASE and int(uid_b) >= isolation.SLOT_UID_BASE
+    assert int(n) < 16 and err == "11" and one == "1"
+    assert UID_POOL.in_use() == []
+    assert not [p for p in procs_with("child.py") if _uid_of(p) in (int(uid_a), int(uid_b))]
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def test_uid_pool_is_thread_safe():
+    from whale_ray.sandbox.runner import UidPool
+
+    pool = UidPool(base=900000, size=64)
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def take():
+        uid = pool.acquire()
+        with lock:
+            got.append(uid)
+
+    threads = [threading.Thread(target=take) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 32 and all(900000 <= u < 900064 for u in got)
+    for u in got:
+        pool.release(u)
+    assert pool.in_use() == []
+
+
+def test_seccomp_denies_sockets_ptrace_and_namespaces_but_rpc_and_tools_work(tools_py):
+    r = run(
+        """
+        import ctypes, errno, json, os, socket
+        def run(task, agent):
+            out = {}
+            for name, fam in (("inet", socket.AF_INET), ("inet6", socket.AF_INET6), ("netlink", socket.AF_NETLINK)):
+                try:
+                    socket.socket(fam, socket.SOCK_DGRAM if fam == socket.AF_NETLINK else socket.SOCK_STREAM)
+                    out[name] = "open"
+                except PermissionError:
+                    out[name] = "EPERM"
+                except OSError as e:
+                    out[name] = errno.errorcode.get(e.errno, str(e.errno))
+            a, b = socket.socketpair()
+            a.sendall(b"hi"); out["unix"] = b.recv(2).decode()
+            libc = ctypes.CDLL(None, use_errno=True)
+            for name, call in (("ptrace", lambda: libc.ptrace(16, 1, 0, 0)),
+                               ("unshare", lambda: libc.unshare(0x20000)),
+                               ("setns", lambda: libc.setns(0, 0)),
+                               ("mount", lambda: libc.mount(b"none", b"/scratch", b"tmpfs", 0, None)),
+                               ("chroot", lambda: libc.chroot(b"/scratch")),
+                               ("bpf", lambda: libc.syscall(321, 0, 0, 0)),
+                               ("keyctl", lambda: libc.syscall(250, 0, 0, 0))):
+                rc = call()
+                out[name] = "EPERM" if rc == -1 and ctypes.get_errno() == errno.EPERM else f"rc={rc}"
+            out["gen"] = agent.generate([{"role": "user", "content": "hi"}])
+            out["tool"] = agent.tool("double", x=4)
+            out["host"] = agent.tool("lookup", key="k")
+            out["layers"] = agent.sandbox
+            return json.dumps(out)
+        """,
+        tools_path=tools_py,
+    )
+    assert r.status == "ok", r.reason
+    out = json.loads(r.answer)
+    for name in ("inet", "inet6", "netlink", "ptrace", "unshare", "setns", "mount", "chroot", "bpf", "keyctl"):
+        assert out[name] == "EPERM", (name, out)
+    assert out["unix"] == "hi" and out["gen"] == "echo1:hi" and out["tool"] == "8" and out["host"] == "value-of-k"
+    assert out["layers"]["seccomp"] is True
+
+
+def test_math_python_tool_works_under_the_filters():
+    repo = Path(__file__).resolve().parents[1]
+    tools = repo / "domains" / "math_reasoning" / "tools.py"
+    if not tools.exists():
+        pytest.skip("no math domain")
+    r = run(
+        """
+        def run(task, agent):
+            a = agent.tool("python", code="print(6 * 7)")
+            b = agent.tool("python", code="import socket\\ntry:\\n    socket.create_connection(('127.0.0.1', 1))\\n"
+                                          "except OSError as e:\\n    print(type(e).__name__)")
+            return a.strip() + " " + b.strip()
+        """,
+        tools_path=tools, host_tools={},
+    )
+    assert r.status == "ok", r.reason
+    assert r.answer == "42 PermissionError"
+
+
+def test_landlock_confines_writes_and_signals():
+    from whale_ray.sandbox import child
+
+    abi = child.landlock_abi()
+    if abi < 1:
+        pytest.skip("no Landlock on this kernel")
+    r = run(
+        """
+        import json, os, signal
+        def run(task, agent):
+            out = {"abi": agent.sandbox["landlock_abi"]}
+            for path in ("/proc/self/comm", "/dev/shm/ok", "/tmp/ok", "/scratch/ok"):
+                try:
+                    with open(path, "w") as f:
+                        f.write("x")
+                    out[path] = "written"
+                except OSError as e:
+                    out[path] = type(e).__name__
+            try:
+                os.kill(1, signal.SIGTERM)  # bwrap's init: outside the Landlock domain
+                out["kill1"] = "sent"
+            except OSError as e:
+                out["kill1"] = type(e).__name__
+            return json.dumps(out)
+        """
+    )
+    assert r.status == "ok", r.reason
+    out = json.loads(r.answer)
+    assert out["abi"] == abi
+    assert out["/proc/self/comm"] == "PermissionError"
+    assert out["/dev/shm/ok"] == out["/tmp/ok"] == out["/scratch/ok"] == "written"
+    if abi >= 6:
+        assert out["kill1"] == "PermissionError"
 
 
 # ----------------------------------------------------------------------------- host and lifecycle

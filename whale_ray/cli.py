@@ -96,9 +96,9 @@ def base_model(cfg: WhaleConfig) -> str:
     if cfg.policy.model is not None:
         return str(Path(cfg.policy.model).resolve())
     from whale_ray.domain import get_domain
-    from whale_ray.policy.tiny import build_embedded_policy
+    from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
 
-    cache = Path(os.environ.get("WHALE_CACHE", Path.home() / ".cache" / "whale-ray"))
+    cache = default_cache_dir()
     console.print(f"embedded tiny policy: cached under {cache} (built on first use)")
     # One base policy for every run seed: runs differ in what WHALE does, not in where they start.
     path = build_embedded_policy(get_domain(cfg.domain), cache_dir=cache, warmstart_steps=cfg.policy.warmstart_steps)

@@ -57,6 +57,182 @@ def _apply_limits(limits):
             lower(resource.RLIMIT_CPU, cpu)
 
 
+# ------------------------------------------------------------------------------ seccomp and Landlock
+# Applied by child.py to itself (inherited by everything the harness and the domain tools start), after
+# the rlimits and before the domain tools module and the harness load. x86_64 only: elsewhere the
+# seccomp layer is reported as unavailable (the host's doctor says so) rather than half-applied.
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_RET_KILL_PROCESS = 0x80000000
+_RET_ERRNO = 0x00050000
+_RET_ALLOW = 0x7FFF0000
+_EPERM, _ENOSYS = 1, 38
+_LD_W_ABS, _JEQ_K, _JGE_K, _JSET_K, _RET_K = 0x20, 0x15, 0x35, 0x45, 0x06
+_AF_UNIX = 1
+_TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
+_CLONE_NS_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+_SYS_SOCKET, _SYS_IOCTL, _SYS_CLONE, _SYS_CLONE3 = 41, 16, 56, 435
+# Denied outright with EPERM (x86_64 numbers).
+_DENY = {
+    "ptrace": 101, "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155,
+    "chroot": 161, "bpf": 321, "perf_event_open": 298, "keyctl": 250, "add_key": 248, "request_key": 249,
+    "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+    "process_vm_readv": 310, "process_vm_writev": 311, "userfaultfd": 323, "io_uring_setup": 425,
+    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+    "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442, "pidfd_getfd": 438, "acct": 163,
+    "swapon": 167, "swapoff": 168, "reboot": 169, "settimeofday": 164, "clock_settime": 227,
+    "name_to_handle_at": 303, "open_by_handle_at": 304, "lookup_dcookie": 212, "vhangup": 153,
+}
+
+
+def _seccomp_program():
+    """The classic BPF filter, as bytes of struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}."""
+    import struct
+
+    def op(code, k, jt=0, jf=0):
+        return struct.pack("=HBBI", code, jt, jf, k)
+
+    nr, arch, arg0, arg1 = 0, 4, 16, 24  # offsets in struct seccomp_data (low 32 bits of the args)
+    eperm, allow = _RET_ERRNO | _EPERM, _RET_ALLOW
+    p = [
+        op(_LD_W_ABS, arch), op(_JEQ_K, _AUDIT_ARCH_X86_64, 1, 0), op(_RET_K, _RET_KILL_PROCESS),
+        op(_LD_W_ABS, nr), op(_JGE_K, 0x40000000, 0, 1), op(_RET_K, _RET_KILL_PROCESS),  # x32 ABI
+    ]
+    for number in sorted(set(_DENY.values())):
+        p += [op(_JEQ_K, number, 0, 1), op(_RET_K, eperm)]
+    # clone3 passes its flags in memory that BPF cannot read: ENOSYS makes libc fall back to clone.
+    p += [op(_JEQ_K, _SYS_CLONE3, 0, 1), op(_RET_K, _RET_ERRNO | _ENOSYS)]
+    # socket(): AF_UNIX only.
+    p += [op(_JEQ_K, _SYS_SOCKET, 0, 4), op(_LD_W_ABS, arg0), op(_JEQ_K, _AF_UNIX, 1, 0), op(_RET_K, eperm),
+          op(_RET_K, allow)]
+    # ioctl(): no TIOCSTI / TIOCLINUX (terminal injection).
+    p += [op(_JEQ_K, _SYS_IOCTL, 0, 5), op(_LD_W_ABS, arg1), op(_JEQ_K, _TIOCSTI, 2, 0),
+          op(_JEQ_K, _TIOCLINUX, 1, 0), op(_RET_K, allow), op(_RET_K, eperm)]
+    # clone(): no new namespaces.
+    p += [op(_JEQ_K, _SYS_CLONE, 0, 4), op(_LD_W_ABS, arg0), op(_JSET_K, _CLONE_NS_FLAGS, 1, 0),
+          op(_RET_K, allow), op(_RET_K, eperm)]
+    p.append(op(_RET_K, allow))
+    return b"".join(p)
+
+
+def _libc():
+    import ctypes
+
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(ctypes, libc, *args):
+    ul = ctypes.c_ulong
+    r = libc.prctl(ctypes.c_int(args[0]), *[a if not isinstance(a, int) else ul(a) for a in args[1:]])
+    if r != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "prctl(%d): %s" % (args[0], os.strerror(e)))
+
+
+def _install_seccomp():
+    import platform
+
+    if platform.machine() != "x86_64":
+        return False
+    ctypes, libc = _libc()
+    prog = _seccomp_program()
+    buf = ctypes.create_string_buffer(prog, len(prog))
+
+    class _SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    fprog = _SockFprog(len(prog) // 8, ctypes.addressof(buf))
+    _prctl(ctypes, libc, _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    _prctl(ctypes, libc, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
+    return True
+
+
+_LL_CREATE, _LL_ADD_RULE, _LL_RESTRICT = 444, 445, 446  # the same on every architecture
+_LL_FS_EXECUTE, _LL_FS_WRITE_FILE, _LL_FS_READ_FILE, _LL_FS_READ_DIR = 1, 2, 4, 8
+_LL_FS_REFER, _LL_FS_TRUNCATE, _LL_FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
+
+
+def landlock_abi():
+    """The kernel's Landlock ABI version, or 0 when Landlock is unavailable/disabled."""
+    try:
+        ctypes, libc = _libc()
+        r = libc.syscall(ctypes.c_long(_LL_CREATE), None, ctypes.c_size_t(0), ctypes.c_uint32(1))
+    except Exception:
+        return 0
+    return r if r > 0 else 0
+
+
+def _install_landlock(cfg):
+    """Writes only under cfg["rw"] (and device files under cfg["dev"]), reads under cfg["ro"]; on
+    ABI >= 4 no TCP bind/connect, on ABI >= 6 no signals or abstract Unix sockets outside the sandbox's
+    own Landlock domain. Returns the ABI used (0: unavailable, nothing applied)."""
+    import struct
+
+    abi = landlock_abi()
+    if abi < 1:
+        return 0
+    ctypes, libc = _libc()
+    fs = (1 << 13) - 1  # ABI 1: EXECUTE .. MAKE_SYM
+    if abi >= 2:
+        fs |= _LL_FS_REFER
+    if abi >= 3:
+        fs |= _LL_FS_TRUNCATE
+    if abi >= 5:
+        fs |= _LL_FS_IOCTL_DEV
+    net = 3 if abi >= 4 else 0  # BIND_TCP | CONNECT_TCP, with no rule allowing any port
+    scoped = 3 if abi >= 6 else 0  # ABSTRACT_UNIX_SOCKET | SIGNAL
+    attr = struct.pack("=QQQ", fs, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
+    abuf = ctypes.create_string_buffer(attr, len(attr))
+    rfd = libc.syscall(ctypes.c_long(_LL_CREATE), abuf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if rfd < 0:
+        e = ctypes.get_errno()
+        raise OSError(e, "landlock_create_ruleset: " + os.strerror(e))
+    try:
+        read = _LL_FS_EXECUTE | _LL_FS_READ_FILE | _LL_FS_READ_DIR
+        file_rights = _LL_FS_EXECUTE | _LL_FS_WRITE_FILE | _LL_FS_READ_FILE | _LL_FS_TRUNCATE | _LL_FS_IOCTL_DEV
+        rules = [(p, read) for p in cfg.get("ro", ())]
+        rules += [(p, fs) for p in cfg.get("rw", ())]
+        rules += [(p, read | _LL_FS_WRITE_FILE | _LL_FS_IOCTL_DEV) for p in cfg.get("dev", ())]
+        for path, rights in rules:
+            try:
+                pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # not mounted here: nothing to allow
+            try:
+                import stat
+
+                if not stat.S_ISDIR(os.fstat(pfd).st_mode):
+                    rights &= file_rights
+                rule = ctypes.create_string_buffer(struct.pack("=Qi", rights & fs, pfd), 12)
+                r = libc.syscall(ctypes.c_long(_LL_ADD_RULE), ctypes.c_int(rfd), ctypes.c_int(1), rule,
+                                 ctypes.c_uint32(0))
+                if r != 0:
+                    e = ctypes.get_errno()
+                    raise OSError(e, "landlock_add_rule(%s): %s" % (path, os.strerror(e)))
+            finally:
+                os.close(pfd)
+        _prctl(ctypes, libc, _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        r = libc.syscall(ctypes.c_long(_LL_RESTRICT), ctypes.c_int(rfd), ctypes.c_uint32(0))
+        if r != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, "landlock_restrict_self: " + os.strerror(e))
+    finally:
+        os.close(rfd)
+    return abi
+
+
+def _harden(cfg):
+    """Apply the layers the host asked for; returns what was applied (exposed as agent.sandbox)."""
+    applied = {"seccomp": False, "landlock_abi": 0}
+    if cfg.get("landlock"):
+        applied["landlock_abi"] = _install_landlock(cfg["landlock"])
+    if cfg.get("seccomp"):
+        applied["seccomp"] = _install_seccomp()
+    return applied
+
+
 # ---------------------------------------------------------------------------------------- channel
 class _Channel:
     """Blocking framed JSON over the inherited socket fd (os.read/os.write: no socket module needed)."""
@@ -350,6 +526,10 @@ def main():
         init = channel.recv()
     except Exception:
         os._exit(3)
+    try:
+        applied = _harden(limits.get("harden") or {})
+    except Exception as e:
+        _error(channel, "setup", "could not apply the seccomp/Landlock layers: %s: %s" % (type(e).__name__, e))
     harness_file = init["harness_file"]
     module_name = init["module"]
 
@@ -376,6 +556,7 @@ def main():
 
     agent = Agent(channel, init.get("seed"), local_tools, tool_specs, set(init.get("host_tool_specs") or {}),
                   int(init.get("max_trace_bytes") or (1 << 20)))
+    agent.sandbox = applied  # informational: the layers this process runs under
 
     try:
         module = _load_module(module_name, harness_file, init["harness_name"])

@@ -13,8 +13,10 @@ Two backends:
   belong to that uid on the host as well, and RLIMIT_NPROC (never enforced for uid 0) applies.
 * ``unsafe_none``: a plain subprocess with the rlimits only. An explicit opt-out; never a fallback.
 
-Layers a later hardening issue adds (seccomp filter via ``--seccomp FD``, Landlock rules applied by
-child.py before the harness loads, per-slot uids) plug into `BwrapLauncher.command` / child.py.
+Hardening layers on top of bwrap: per-slot uids (runner.py's `UidPool` picks a uid per concurrent
+episode, SLOT_UID_BASE + slot, passed to `BwrapLauncher.command(uid=...)`), and a seccomp filter and
+Landlock rules that child.py applies to itself before the domain tools and the harness load
+(`BwrapLauncher.layers()` says which, and with what paths).
 
 The Python installation: the sandbox runs the host's own interpreter (sys.base_prefix), never the
 venv. If its directory is not reachable by SANDBOX_UID (pyenv under a 0700 /root, the case here), a
@@ -38,6 +40,8 @@ from typing import Any
 
 SANDBOX_UID = 65534  # the host uid the sandbox runs as when whale-ray runs as root ("nobody")
 SANDBOX_GID = 65534
+SLOT_UID_BASE = 100000  # per-slot uids (root only): episode slot N runs as uid = gid = SLOT_UID_BASE + N
+MAX_SLOTS = 4096
 RUNTIME_MOUNT = "/sandbox"  # the episode's directory of copies, read-only inside the sandbox
 SCRATCH = "/scratch"  # the writable working directory and HOME inside the sandbox (tmpfs)
 SCRATCH_BYTES = 64 << 20  # size caps of the sandbox's tmpfs mounts (they live in host memory)
@@ -264,8 +268,14 @@ class BwrapLauncher:
         """(where the episode's files are, the writable working directory) as the child sees them."""
         return RUNTIME_MOUNT, SCRATCH
 
+    def layers(self) -> dict[str, Any]:
+        """What child.py applies to itself inside this sandbox (see child.py's _harden)."""
+        return {"seccomp": True,
+                "landlock": {"ro": ["/"], "rw": [SCRATCH, "/tmp", "/dev/shm"], "dev": ["/dev"]}}
+
     def command(self, *, episode_dir: str | None, child_argv: list[str], env: dict[str, str],
-                pass_fds: tuple[int, ...], info_fd: int | None) -> Launch:
+                pass_fds: tuple[int, ...], info_fd: int | None, uid: int | None = None) -> Launch:
+        """`uid`: the host uid (and gid) to run as when running as root; None: SANDBOX_UID."""
         argv = [self.bwrap, "--unshare-all", "--unshare-user"]
         if self.disable_userns:
             argv.append("--disable-userns")
@@ -285,9 +295,11 @@ class BwrapLauncher:
             fds += (info_fd,)
         argv += ["--", self.python.exe, *self.python.flags, *child_argv]
         root = running_as_root()
+        user = (SANDBOX_UID if uid is None else uid) if root else None
+        group = (SANDBOX_GID if uid is None else uid) if root else None
         return Launch(
             argv=argv, env={}, cwd="/", pass_fds=fds,
-            user=SANDBOX_UID if root else None, group=SANDBOX_GID if root else None,
+            user=user, group=group,
             extra_groups=[] if root else None, namespaced=True,
         )
 
@@ -303,8 +315,11 @@ class UnsafeLauncher:
     def inside(self, episode_dir: str) -> tuple[str, str]:
         return episode_dir, episode_dir
 
+    def layers(self) -> dict[str, Any]:
+        return {}
+
     def command(self, *, episode_dir: str | None, child_argv: list[str], env: dict[str, str],
-                pass_fds: tuple[int, ...], info_fd: int | None) -> Launch:
+                pass_fds: tuple[int, ...], info_fd: int | None, uid: int | None = None) -> Launch:
         return Launch(argv=[self.python_exe, *_interpreter_flags(), *child_argv], env=env, cwd=episode_dir,
                       pass_fds=tuple(pass_fds), namespaced=False)
 

@@ -59,6 +59,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,6 +308,126 @@ class _Done(Exception):
     """Ends the serve loop."""
 
 
+# ------------------------------------------------------------------------------------- per-slot uids
+def _uids_of_processes(uid: int) -> list[int]:
+    """Pids of live processes whose real uid is `uid` (a /proc scan)."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as f:
+                status = f.read()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith(b"Uid:"):
+                fields = line.split()
+                if len(fields) > 1 and fields[1] == str(uid).encode():
+                    found.append(int(entry))
+                break
+    return found
+
+
+class UidPool:
+    """Per-slot unprivileged uids for concurrent episodes (only used when the host runs as root).
+
+    Slot N is uid = gid = SLOT_UID_BASE + N. A slot is held by this process (a lock) and, across
+    processes on the same machine (several Ray workers), by an flock on a per-slot file in a root-only
+    directory: the kernel drops the flock when a holder dies, so a crashed worker never leaks a slot.
+    Before a slot is handed out again any process still running as its uid is killed (the pid
+    namespace kill normally leaves none; this is the belt to its braces).
+    """
+
+    def __init__(self, base: int = isolation.SLOT_UID_BASE, size: int = isolation.MAX_SLOTS):
+        self.base = base
+        self.size = size
+        self._lock = threading.Lock()
+        self._held: dict[int, int | None] = {}  # slot -> flock fd (None: no lock directory)
+        self._dir: str | None = None
+        self._dir_checked = False
+
+    def _lock_dir(self) -> str | None:
+        if self._dir_checked:
+            return self._dir
+        self._dir_checked = True
+        d = os.path.join(tempfile.gettempdir(), f"whale-ray-uid-slots-u{os.geteuid()}")
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        try:
+            st = os.lstat(d)
+        except OSError:
+            return None
+        import stat as _stat
+        if _stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            self._dir = d
+        return self._dir
+
+    def acquire(self) -> int:
+        """A free slot's uid; RuntimeError when all slots are taken."""
+        import fcntl
+
+        with self._lock:
+            d = self._lock_dir()
+            for slot in range(self.size):
+                if slot in self._held:
+                    continue
+                fd = None
+                if d is not None:
+                    try:
+                        fd = os.open(os.path.join(d, str(slot)), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     0o600)
+                    except OSError:
+                        continue
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        os.close(fd)
+                        continue  # another process holds this slot
+                self._held[slot] = fd
+                uid = self.base + slot
+                break
+            else:
+                raise RuntimeError(f"all {self.size} sandbox uid slots are in use")
+        self._reap(uid)
+        return uid
+
+    def release(self, uid: int) -> None:
+        self._reap(uid)
+        with self._lock:
+            fd = self._held.pop(uid - self.base, None)
+            if fd is not None:
+                os.close(fd)
+
+    def in_use(self) -> list[int]:
+        with self._lock:
+            return sorted(self.base + s for s in self._held)
+
+    @staticmethod
+    def _reap(uid: int) -> None:
+        for _ in range(3):
+            pids = _uids_of_processes(uid)
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+
+UID_POOL = UidPool()
+
+
 # ------------------------------------------------------------------------------------------ episode
 class _Episode:
     def __init__(self, launcher: Any, limits: SandboxLimits, generate: GenerateFn,
@@ -331,14 +452,24 @@ class _Episode:
 
     # -- lifecycle
     def run(self, harness_name: str, harness: bytes, tools: bytes | None, init: dict[str, Any]) -> EpisodeResult:
+        self.uid = None
+        if isinstance(self.launcher, isolation.BwrapLauncher) and isolation.running_as_root():
+            try:
+                self.uid = UID_POOL.acquire()
+            except RuntimeError as e:
+                return _result("sandbox_setup_error", str(e), self.t0)
         try:
-            episode_dir = tempfile.mkdtemp(prefix="whale-sbx-")
-        except OSError as e:
-            return _result("sandbox_setup_error", f"cannot create the episode directory: {e}", self.t0)
-        try:
-            return self._run_in(episode_dir, harness_name, harness, tools, init)
+            try:
+                episode_dir = tempfile.mkdtemp(prefix="whale-sbx-")
+            except OSError as e:
+                return _result("sandbox_setup_error", f"cannot create the episode directory: {e}", self.t0)
+            try:
+                return self._run_in(episode_dir, harness_name, harness, tools, init)
+            finally:
+                _rmtree(episode_dir)
         finally:
-            _rmtree(episode_dir)
+            if self.uid is not None:
+                UID_POOL.release(self.uid)
 
     def _run_in(self, episode_dir: str, harness_name: str, harness: bytes, tools: bytes | None,
                 init: dict[str, Any]) -> EpisodeResult:
@@ -362,7 +493,7 @@ class _Episode:
                     tools_path=f"{files}/{RUNTIME_DIR}/tools.py" if tools is not None else None)
         lim = self.limits
         rlimits = {"as": lim.memory_mb << 20, "cpu": max(1, math.ceil(lim.cpu_limit_s)), "nproc": lim.max_processes,
-                   "fsize": FSIZE_BYTES, "nofile": NOFILE}
+                   "fsize": FSIZE_BYTES, "nofile": NOFILE, "harden": launcher.layers()}
 
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         info_r = info_w = None
@@ -373,7 +504,7 @@ class _Episode:
             child_argv = [f"{files}/{RUNTIME_DIR}/{_CHILD_NAME}", str(child_fd), json.dumps(rlimits)]
             env = isolation.sandbox_env(self.seed, home, launcher.python_exe)
             launch = launcher.command(episode_dir=episode_dir, child_argv=child_argv, env=env, pass_fds=(child_fd,),
-                                      info_fd=info_w)
+                                      info_fd=info_w, uid=self.uid)
             self.deadline = time.monotonic() + lim.wall_s
             try:
                 self.proc = subprocess.Popen(
@@ -433,6 +564,11 @@ class _Episode:
         if sig == signal.SIGXCPU:
             return _result("timeout", f"CPU time limit of {math.ceil(self.limits.cpu_limit_s)} s exceeded",
                            self.t0, calls=self.calls)
+        sandbox_s = self.limits.wall_s - (self.deadline - time.monotonic())
+        if sig == signal.SIGKILL and sandbox_s >= math.ceil(self.limits.cpu_limit_s):
+            # SIGXCPU ignored: the kernel's SIGKILL at the hard RLIMIT_CPU (one second later).
+            return _result("timeout", f"CPU time limit of {math.ceil(self.limits.cpu_limit_s)} s exceeded "
+                           "(killed at the hard limit)", self.t0, calls=self.calls)
         if sig is not None:
             return _result("crashed", f"the child was killed by {_signal_name(sig)} without a result{detail}",
                            self.t0, calls=self.calls)

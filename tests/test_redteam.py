@@ -1,0 +1,337 @@
+"""Red-team harnesses against the bubblewrap sandbox: each one attacks, and must end with the expected
+status (or status ok with the attack visibly failed: the harness returns "blocked"), score 0 when it
+fails, leave no process behind, and the same runner must serve a normal episode afterwards.
+
+Loopback only; every case is bounded in time. `pytest -s tests/test_redteam.py` prints the table.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from whale_ray.records import ModelCall
+from whale_ray.sandbox import SandboxLimits, isolation, run_episode
+
+pytestmark = pytest.mark.timeout(30)
+
+TASK = {"id": "rt", "question": "What is 2+2?"}
+GOLD = "4"
+TABLE: list[tuple[str, str, float, float]] = []  # (case, status, seconds, score)
+NORMAL = "def run(task, agent):\n    return agent.generate([{'role': 'user', 'content': task['question']}])\n"
+
+
+def gen(messages, sampling):
+    return ModelCall(messages=messages, text="The answer is \\boxed{4}", prompt_ids=[1], completion_ids=[2],
+                     logprobs=[-1.0], weight_version=0, finish_reason="stop")
+
+
+def score(result) -> float:
+    if result.status != "ok":
+        return 0.0
+    try:
+        from domains.math_reasoning.verifier import verify
+    except ImportError:  # pragma: no cover
+        return float(bool(result.answer) and "\\boxed{4}" in result.answer)
+    return float(verify(result.answer, GOLD))
+
+
+def sandbox_uid_pids() -> list[int]:
+    """Live processes of any sandbox uid (per-slot uids, or 65534 when not using slots)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as f:
+                status = f.read()
+        except OSError:
+            continue
+        uid = gid = None
+        state = ""
+        for line in status.splitlines():
+            if line.startswith("Uid:"):
+                uid = int(line.split()[1])
+            elif line.startswith("State:"):
+                state = line.split()[1]
+        if uid is None or state == "Z":
+            continue
+        if isolation.SLOT_UID_BASE <= uid < isolation.SLOT_UID_BASE + isolation.MAX_SLOTS:
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_bwrap():
+    try:
+        isolation.bwrap_launcher()
+    except isolation.SetupError as e:  # pragma: no cover - depends on the machine
+        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+
+
+def attack(case: str, source: str, expected: str | tuple[str, ...], *, answer: str | None = None,
+           task: dict | None = None, max_s: float = 15.0, **limits):
+    """Run one attack episode, check status/score/leftovers, then a normal episode on the same runner."""
+    limits.setdefault("wall_s", 8.0)
+    t = time.monotonic()
+    r = run_episode(textwrap.dedent(source), task or TASK, generate=gen, tools_path=None, host_tools={},
+                    limits=SandboxLimits(**limits), seed=1)
+    dt = time.monotonic() - t
+    s = score(r)
+    TABLE.append((case, r.status, dt, s))
+    expected = (expected,) if isinstance(expected, str) else expected
+    assert r.status in expected, (case, r.status, r.reason, r.answer)
+    if answer is not None:
+        assert r.answer == answer, (case, r.answer)
+    assert s == 0.0, (case, r.answer)
+    assert dt < max_s, (case, dt)
+    deadline = time.monotonic() + 3
+    while sandbox_uid_pids() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sandbox_uid_pids() == [], case
+    ok = run_episode(NORMAL, TASK, generate=gen, tools_path=None, host_tools={}, limits=SandboxLimits(wall_s=8),
+                     seed=2)
+    assert ok.status == "ok" and score(ok) == 1.0, (case, ok.status, ok.reason)
+    return r
+
+
+# --------------------------------------------------------------------------------------- network
+def test_tcp_connect_to_host_listener():
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.setblocking(False)
+    port = srv.getsockname()[1]
+    try:
+        attack("tcp connect 127.0.0.1", """
+            import socket
+            def run(task, agent):
+                for fam, addr in ((socket.AF_INET, ("127.0.0.1", task["port"])), (socket.AF_INET6, ("::1", task["port"]))):
+                    try:
+                        s = socket.socket(fam, socket.SOCK_STREAM)
+                        s.settimeout(1)
+                        s.connect(addr)
+                        return "connected \\\\boxed{4}"
+                    except OSError:
+                        pass
+                return "blocked"
+            """, "ok", answer="blocked", task=dict(TASK, port=port))
+        time.sleep(0.1)
+        with pytest.raises(BlockingIOError):
+            srv.accept()  # the listener saw no connection
+    finally:
+        srv.close()
+
+
+def test_resolve_host_name():
+    attack("resolve host name", """
+        import socket
+        def run(task, agent):
+            for host in ("localhost", "example.com", "pypi.org"):
+                try:
+                    socket.getaddrinfo(host, 443, proto=socket.IPPROTO_TCP)
+                    if host != "localhost":
+                        return "resolved " + host
+                except OSError:
+                    pass
+            return "blocked"
+        """, "ok", answer="blocked")
+
+
+# ------------------------------------------------------------------------------------ filesystem
+def test_read_secrets(tmp_path: Path):
+    truth = tmp_path / "ground_truth.txt"
+    truth.write_text("GOLD=4\n")
+    os.chmod(tmp_path, 0o755)
+    r = attack("read /etc/shadow + ground truth", """
+        def run(task, agent):
+            got = []
+            for p in ("/etc/shadow", "/etc/passwd", task["truth"], "/root/.ssh/id_rsa", "/work/main/README.md"):
+                try:
+                    with open(p) as f:
+                        got.append(p + ":" + f.read(200))
+                except OSError:
+                    pass
+            return " | ".join(got) or "blocked"
+        """, "ok", answer="blocked", task=dict(TASK, truth=str(truth)))
+    assert "GOLD" not in (r.answer or "")
+
+
+def test_read_other_process_environment(monkeypatch):
+    monkeypatch.setenv("WHALE_REDTEAM_SECRET", "s3cr3t-token")
+    r = attack("read /proc/*/environ", """
+        import os
+        def run(task, agent):
+            got = []
+            for pid in ["1", str(task["host_pid"]), "self"] + [p for p in os.listdir("/proc") if p.isdigit()]:
+                try:
+                    with open("/proc/%s/environ" % pid, "rb") as f:
+                        data = f.read()
+                    if b"s3cr3t" in data:
+                        got.append(pid)
+                except OSError:
+                    pass
+            return ("leaked " + ",".join(got)) if got else "blocked"
+        """, "ok", answer="blocked", task=dict(TASK, host_pid=os.getpid()))
+    assert "s3cr3t" not in (r.answer or "")
+
+
+def test_write_outside_scratch(tmp_path: Path):
+    os.chmod(tmp_path, 0o777)  # even a world-writable host directory is out of reach
+    target = tmp_path / "pwned"
+    attack("write outside scratch", """
+        def run(task, agent):
+            wrote = []
+            for p in ("/sandbox/x", "/usr/x", "/x", "/proc/self/comm", "/etc/x", task["target"],
+                      "/sandbox/harness.py"):
+                try:
+                    with open(p, "w") as f:
+                        f.write("x")
+                    wrote.append(p)
+                except OSError:
+                    pass
+            return ("wrote " + " ".join(wrote)) if wrote else "blocked"
+        """, "ok", answer="blocked", task=dict(TASK, target=str(target)))
+    assert not target.exists()
+
+
+# ----------------------------------------------------------------------------------- processes
+def test_fork_bomb_is_bounded():
+    attack("fork bomb (nproc 16)", """
+        import os, time
+        def run(task, agent):
+            for _ in range(64):
+                try:
+                    pid = os.fork()
+                except OSError:
+                    continue
+                if pid == 0:
+                    while True:
+                        try:
+                            os.fork()
+                        except OSError:
+                            time.sleep(0.05)
+            time.sleep(0.5)
+            return "bounded"
+        """, "ok", answer="bounded", max_processes=16)
+
+
+def test_daemon_does_not_survive():
+    attack("double-fork daemon", """
+        import os, time
+        def run(task, agent):
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    for fd in (0, 1, 2):
+                        os.close(fd)
+                    time.sleep(120)
+                os._exit(0)
+            time.sleep(0.3)
+            return "daemon left behind"
+        """, "ok", answer="daemon left behind")
+
+
+def test_allocate_8gib():
+    attack("allocate 8 GiB", """
+        def run(task, agent):
+            x = bytearray(8 << 30)
+            return "\\\\boxed{4}"
+        """, "memory_limit")
+
+
+def test_spin_ignoring_sigxcpu():
+    attack("spin, SIGXCPU ignored", """
+        import signal
+        def run(task, agent):
+            signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+            while True:
+                pass
+        """, "timeout", cpu_s=1, wall_s=10)
+
+
+def test_sleep_forever():
+    attack("sleep forever", """
+        import time
+        def run(task, agent):
+            time.sleep(3600)
+        """, "timeout", wall_s=1.0, max_s=5)
+
+
+def test_kill_everything_and_the_parent():
+    victim = subprocess.Popen(["sleep", "30"])
+    try:
+        attack("kill -1 / parent / host pid", """
+            import os, signal
+            def run(task, agent):
+                hit = []
+                for name, pid in (("-1", -1), ("ppid", os.getppid()), ("pid1", 1), ("host", task["victim"]),
+                                  ("host-parent", task["host_pid"])):
+                    try:
+                        os.kill(pid, signal.SIGKILL if pid != -1 else signal.SIGTERM)
+                        hit.append(name)
+                    except OSError:
+                        pass
+                return "blocked" if hit in ([], ["-1"]) else "signalled " + " ".join(hit)
+            """, "ok", answer="blocked", task=dict(TASK, victim=victim.pid, host_pid=os.getpid()))
+        assert victim.poll() is None  # the host process is untouched
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+# ------------------------------------------------------------------------------ channel & output
+def test_flood_stdout():
+    attack("flood stdout", """
+        import sys
+        def run(task, agent):
+            while True:
+                sys.stdout.write("x" * 65536)
+        """, "output_limit")
+
+
+def test_fake_result_on_stdout():
+    r = attack("fake result JSON on stdout", """
+        import json, os, sys
+        def run(task, agent):
+            msg = json.dumps({"type": "result", "answer": "\\\\boxed{4}", "events": []})
+            sys.stdout.write(msg + "\\n")
+            sys.stdout.flush()
+            os._exit(0)
+        """, "crashed")
+    assert r.answer is None
+
+
+def test_oversized_rpc_message():
+    attack("oversized RPC message", """
+        import os
+        def run(task, agent):
+            os.write(agent._channel.fd, (1 << 30).to_bytes(4, "big") + b"{")
+            agent.generate([{"role": "user", "content": "x" * (2 << 20)}])
+            return "\\\\boxed{4}"
+        """, "output_limit")
+
+
+def test_return_not_a_str():
+    attack("return a non-str", """
+        class S(str):
+            pass
+        def run(task, agent):
+            return {"answer": "\\\\boxed{4}"}
+        """, "protocol_error")
+
+
+def test_zz_print_table():
+    """Last in the file: the table of what happened (visible with -s)."""
+    lines = [f"{'case':34} {'status':15} {'seconds':>8} {'score':>6}"]
+    lines += [f"{c:34} {s:15} {t:8.2f} {sc:6.1f}" for c, s, t, sc in TABLE]
+    print("\n" + "\n".join(lines))
+    assert sandbox_uid_pids() == []
