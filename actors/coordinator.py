@@ -206,6 +206,7 @@ class Coordinator:
             for p in proposals
         ]
         self.state.ledger.candidates_proposed += len(ids)
+        self.state.save(self.run_dir)
         return ids
 
     def evaluate_candidates(self, ids: list[str], cycle: int, iteration: int) -> None:

@@ -69,3 +69,12 @@ def test_bad_input_is_one_line_and_leaves_no_run_dir(case, needle, tmp_path, fil
     assert len(lines) == 1 and lines[0].startswith("whale: error:"), result.stdout
     assert needle in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_doctor_lists_every_layer(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "whale_ray.cli", "doctor"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"})
+    for layer in ("bubblewrap", "per-slot uids", "rlimits", "seccomp", "Landlock", "wall-clock kill"):
+        assert layer in result.stdout
+    layers = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert result.returncode == (0 if all(line.startswith("[ok]") for line in layers) else 1), result.stdout

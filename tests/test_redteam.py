@@ -329,6 +329,57 @@ def test_return_not_a_str():
         """, "protocol_error")
 
 
+def test_thread_bomb_is_bounded():
+    attack("thread bomb (nproc 16)", """
+        import threading, time
+        def run(task, agent):
+            started = 0
+            for _ in range(1000):
+                try:
+                    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+                    started += 1
+                except RuntimeError:
+                    break
+            return "bounded" if started < 16 else f"unbounded: {started} threads"
+        """, "ok", answer="bounded", max_processes=16)
+
+
+def test_patch_or_call_the_verifier():
+    import domains.math_reasoning.verifier as verifier
+
+    attack("patch or call the verifier", """
+        import importlib, os, sys
+        def run(task, agent):
+            found = []
+            for name in ("domains.math_reasoning.verifier", "whale_ray"):
+                try:
+                    importlib.import_module(name)
+                    found.append(name)
+                except ImportError:
+                    pass
+            if os.path.exists(task["verifier"]):
+                found.append(task["verifier"])
+                try:
+                    with open(task["verifier"], "a") as f:
+                        f.write("def verify(*a): return 1.0\\n")
+                    found.append("patched")
+                except OSError:
+                    pass
+            return ("reached " + " ".join(found)) if found else "blocked"
+        """, "ok", answer="blocked", task=dict(TASK, verifier=verifier.__file__))
+
+
+def test_answer_that_lies_about_equality():
+    attack("answer lies about equality", """
+        class Liar(str):
+            def __eq__(self, other):
+                return True
+            __hash__ = str.__hash__
+        def run(task, agent):
+            return Liar("\\\\boxed{999}")
+        """, "ok", answer="\\boxed{999}")
+
+
 def test_zz_print_table():
     """Last in the file: the table of what happened (visible with -s)."""
     lines = [f"{'case':34} {'status':15} {'seconds':>8} {'score':>6}"]

@@ -834,3 +834,18 @@ def test_limits_from_config_match_defaults():
 def test_every_status_is_a_known_one():
     assert {"ok", "timeout", "memory_limit", "output_limit", "protocol_error", "harness_exception",
             "sandbox_setup_error", "crashed"} == set(STATUSES)
+
+
+def test_doctor_reports_every_layer():
+    from whale_ray.doctor import doctor_report, format_doctor
+
+    rows = doctor_report()
+    names = [r[0] for r in rows]
+    for layer in ("bubblewrap", "user namespaces", "unprivileged uid drop", "per-slot uids", "rlimits", "seccomp",
+                  "Landlock", "wall-clock kill", "output/RPC caps"):
+        assert layer in names
+    assert all(isinstance(n, str) and isinstance(a, bool) and isinstance(w, str) and w for n, a, w in rows)
+    by = {n: a for n, a, _ in rows}
+    assert by["bubblewrap"] and by["seccomp"] and by["wall-clock kill"] and by["rlimits"]
+    text = format_doctor(rows)
+    assert text.count("\n") == len(rows) and "layers active" in text

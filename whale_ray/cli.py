@@ -3,6 +3,8 @@
     whale run                       math, the whale schedule, the embedded tiny policy, a local Ray cluster
     whale run --condition rsft_only --E 0.2 --I 6 --run-dir runs/x
     whale run --config my.yaml --model /models/Qwen3.5-2B
+    whale sweep tune_configs/schedule_ablation.yaml
+    whale doctor                    which sandbox layers this machine supports
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--isolation", choices=["auto", "bwrap", "unsafe_none"],
                      help="sandbox isolation; 'unsafe_none' runs untrusted harness code without namespaces")
     run.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    sub.add_parser("doctor", help="which sandbox isolation layers are active on this machine, and why not")
     sweep = sub.add_parser("sweep", help="a Ray Tune sweep over (E, I) schedules, one full run per point")
     sweep.add_argument("file", type=Path, help="sweep YAML (see tune_configs/)")
     sweep.add_argument("--root", type=Path, default=Path("runs/sweep"), help="folder of the trials' run directories")
@@ -202,6 +205,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor() -> int:
+    from whale_ray.doctor import doctor_report, format_doctor
+
+    rows = doctor_report()
+    console.print(format_doctor(rows), highlight=False, markup=False)
+    return 0 if all(active for _, active, _ in rows) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -209,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "sweep":
             return cmd_sweep(args)
+        if args.command == "doctor":
+            return cmd_doctor()
     except (ConfigError, InputError) as e:
         console.print(f"[red]whale: error:[/red] {e}", highlight=False)
         return 2

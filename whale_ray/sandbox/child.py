@@ -11,7 +11,8 @@ Unix stream socket to the trusted host. Everything it says to the host goes
 over that socket as frames (4-byte big-endian length, then UTF-8 JSON); stdout and stderr belong to the
 harness and are only captured (and capped) by the host.
 
-Order of events: apply the resource limits, read the host's `init` message, load the domain tools
+Order of events: apply the resource limits, read the host's `init` message, apply the Landlock rules
+and the seccomp filter the host asked for (LIMITS_JSON["harden"]), load the domain tools
 module (trusted), say `hello`, load the harness (untrusted), call `run(task, agent)`, send exactly one
 final `result` or `error` message, and `os._exit`. The host re-validates every message: the harness runs in this very
 process and can write to the socket itself, so nothing here is a security boundary, only a courtesy
