@@ -8,7 +8,6 @@ Loopback only; every case is bounded in time. `pytest -s tests/test_redteam.py` 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import textwrap
@@ -54,7 +53,7 @@ def sandbox_uid_pids() -> list[int]:
                 status = f.read()
         except OSError:
             continue
-        uid = gid = None
+        uid = None
         state = ""
         for line in status.splitlines():
             if line.startswith("Uid:"):
