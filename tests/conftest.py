@@ -62,6 +62,17 @@ def tiny_model(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def bwrap():
+    """Sandbox tests need a working bubblewrap (scripts/setup.sh installs it)."""
+    from whale_ray.sandbox import isolation
+
+    try:
+        isolation.bwrap_launcher()
+    except isolation.SetupError as e:  # depends on the machine
+        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     import ray

@@ -19,7 +19,7 @@ import pytest
 from whale_ray.records import ModelCall
 from whale_ray.sandbox import SandboxLimits, isolation, run_episode
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("bwrap")]
 
 TASK = {"id": "rt", "question": "What is 2+2?"}
 GOLD = "4"
@@ -65,14 +65,6 @@ def sandbox_uid_pids() -> list[int]:
         if isolation.SLOT_UID_BASE <= uid < isolation.SLOT_UID_BASE + isolation.MAX_SLOTS:
             found.append(int(entry))
     return found
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _needs_bwrap():
-    try:
-        isolation.bwrap_launcher()
-    except isolation.SetupError as e:  # pragma: no cover - depends on the machine
-        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
 
 
 def attack(case: str, source: str, expected: str | tuple[str, ...], *, answer: str | None = None,

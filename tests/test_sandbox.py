@@ -20,7 +20,7 @@ import pytest
 from whale_ray.records import STATUSES, ModelCall
 from whale_ray.sandbox import SandboxLimits, isolation, run_episode
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = [pytest.mark.timeout(30), pytest.mark.usefixtures("bwrap")]
 
 TASK = {"id": "t1", "question": "What is 2+2?"}
 
@@ -87,14 +87,6 @@ def procs_with(marker: str) -> list[int]:
         if marker.encode() in cmd and state != b"Z":
             found.append(int(entry))
     return found
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _needs_bwrap():
-    try:
-        isolation.bwrap_launcher()
-    except isolation.SetupError as e:  # pragma: no cover - depends on the machine
-        pytest.skip(f"bubblewrap sandbox unavailable: {e}")
 
 
 @pytest.fixture
