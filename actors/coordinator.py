@@ -114,8 +114,7 @@ class Coordinator:
             n = min(self.cfg.weight.prompts_per_step, budget - prog.prompts_done)
             tasks, cursor, weight_pass = self._next_weight_prompts(n)
             rollouts = self.rollout(self.state.accepted_harness, tasks, samples=self.cfg.weight.samples_per_prompt,
-                                    phase="weight",
-                                    cycle=cycle, unit=prog.units_done)
+                                    phase="weight", cycle=cycle, unit=prog.units_done)
             # Written before training: a step redone after a crash overwrites the same file.
             self._write_rollouts(f"weight-c{cycle:02d}-s{prog.units_done:04d}", rollouts)
             examples = accepted_examples(rollouts)
@@ -184,7 +183,7 @@ class Coordinator:
         if pending:
             return pending[0].id
         incoming = self.archive.get(self.state.accepted_harness)
-        if incoming.status == "proposed" or incoming.weight_version == self.state.weight_version:
+        if incoming.status == "proposed" or self._incumbent() is not None:
             return incoming.id  # the seed before its first evaluation, or already scored under these weights
         return self.archive.add_reevaluation(incoming.id, weight_version=self.state.weight_version, cycle=cycle,
                                              iteration=iteration)
@@ -227,7 +226,13 @@ class Coordinator:
         for cid, (ep,) in zip(valid, smoke):
             self._write_rollouts(f"validate-c{cycle:02d}-i{iteration:03d}-{cid}", [ep])
         self.state.save(self.run_dir)  # rollouts on record before the archive moves on
-        valid = [cid for cid, (ep,) in zip(valid, smoke) if ep.status == "ok" or self._reject(cid, ep)]
+        passed = []
+        for cid, (ep,) in zip(valid, smoke):
+            if ep.status == "ok":
+                passed.append(cid)
+            else:
+                self._reject(cid, f"smoke test: {ep.status}: {ep.reason}")
+        valid = passed
         per_example = self.cfg.harness_phase.rollouts_per_example
         evaluations = self.rollout_many([(cid, self.splits.harness, per_example) for cid in valid],
                                         phase="harness", cycle=cycle, unit=iteration)
@@ -239,11 +244,9 @@ class Coordinator:
             self.archive.record_evaluation(cid, rows, [r.trace for r in rollouts], self.state.weight_version)
         self.state.save(self.run_dir)
 
-    def _reject(self, cid: str, why: str | Rollout) -> bool:
-        reason = why if isinstance(why, str) else f"smoke test: {why.status}: {why.reason}"
+    def _reject(self, cid: str, reason: str) -> None:
         self.archive.mark_invalid(cid, reason)
         self.state.ledger.candidates_invalid += 1
-        return False
 
     # ------------------------------------------------------------------ selection and report
     def finish_cycle(self, cycle: int, phases: list[Phase], wall_s: float) -> None:
