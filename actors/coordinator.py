@@ -29,10 +29,23 @@ from actors.harness_proposer import HarnessProposer
 from actors.policy_server import PolicyServer
 from actors.sandbox_evaluator import CLUSTER, EpisodeJob, EvaluatorPool
 from actors.trainer import Trainer
-from whale_ray.archive import Archive
+from whale_ray.archive import Archive, ArchiveError
 from whale_ray.config import WhaleConfig, dump_config
 from whale_ray.domain import Splits, get_domain
 from whale_ray.harness import check_harness_source
+from whale_ray.proposers import proposer_options
+from whale_ray.proposers.leakage import LeakageGuard
+from whale_ray.proposers.session import (
+    PARTIAL_FILE,
+    budget_exhausted,
+    load_session,
+    logged_sessions,
+    remaining_limits,
+    retire_partial,
+    session_dir,
+    total_usage,
+    write_session,
+)
 from whale_ray.records import EpisodeResult, Rollout, Task, rollouts_to_table
 from whale_ray.rsft import accepted_examples
 from whale_ray.run_state import CycleRow, PhaseProgress, RunState, Selection
@@ -42,6 +55,27 @@ from whale_ray.storage import atomic_write_text
 
 def episode_seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 1
+
+
+def split_metrics(rollouts: list[Rollout], tasks: dict[str, Task]) -> dict[str, float]:
+    """Means over an evaluation beside the reward: the truncation rate, each domain metric, and the reward
+    per task group (a benchmark) when the split has more than one."""
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    out = {"truncation_rate": mean([float(r.truncated) for r in rollouts])}
+    for name in sorted({k for r in rollouts for k in r.metrics}):
+        out[name] = mean([r.metrics[name] for r in rollouts if name in r.metrics])
+    groups: dict[str, list[float]] = {}
+    for r in rollouts:
+        group = tasks[r.task_id].meta.get("group")
+        if group is not None:
+            groups.setdefault(str(group), []).append(r.reward)
+    if len(groups) > 1:
+        for group, rewards in sorted(groups.items()):
+            out[f"group:{group}"] = mean(rewards)
+        out["group_average"] = mean([mean(g) for g in groups.values()])
+    return out
 
 
 @dataclass
@@ -67,6 +101,9 @@ class Coordinator:
         self._on_cycle: Callable[[CycleRow], None] | None = None
         self._lock = threading.Lock()
         self.splits: Splits = self.domain.load_splits(cfg.data, cfg.seed)
+        self.verifier = self.domain.make_verifier(cfg)
+        others = [t.question for t in (*self.splits.weight, *self.splits.harness, *self.splits.val)]
+        self.leakage_guard = LeakageGuard([t.question for t in self.splits.test], others)
         self.archive = Archive(self.run_dir / "archive")
         self.state = RunState.load(self.run_dir)
         if self.state is None:
@@ -158,6 +195,8 @@ class Coordinator:
         while prog.units_done < phase.budget:
             if phase.adaptive and harness_phase_should_stop(prog.units_done, prog.best_success, rules):
                 break
+            if prog.units_done > 0 and self._proposer_budget_spent():
+                break  # a run-wide proposer cap: harness search ends here, with the state saved
             started = time.perf_counter()
             iteration = self.state.ledger.harness_iterations + 1  # archive-wide, so resume finds its pending
             if prog.units_done == 0:
@@ -194,23 +233,72 @@ class Coordinator:
         return current.id if current.weight_version == self.state.weight_version else None
 
     def _proposed_candidates(self, cycle: int, iteration: int) -> list[str]:
-        pending = self.archive.pending(iteration)
-        if pending:  # proposed before a restart: evaluate them rather than propose again
-            return [c.id for c in pending]
-        proposals = ray.get(self.proposer.propose.remote(
-            str(self.archive.root), self.cfg.harness_phase.candidates_per_iteration, iteration))
-        ids = [
-            self.archive.add_candidate(p["code"], parent=p["parent"], hypothesis=p["hypothesis"],
-                                       iteration=iteration, cycle=cycle)
-            for p in proposals
-        ]
-        self.state.ledger.candidates_proposed += len(ids)
+        """The proposer's candidates for this iteration. Its session is logged in <run_dir>/proposer/iter-NNNN/
+        session.json before the candidates enter the archive, so a relaunch never runs a finished session
+        again (nor counts its usage twice): it adds the proposals the archive still lacks and evaluates
+        the pending ones. A session killed mid-way is kept as aborted-<k>.json (its spending counted) and
+        runs afresh."""
+        sdir = session_dir(self.run_dir, iteration)
+        record = load_session(sdir)
+        if record is None:
+            pending = self.archive.pending(iteration)
+            if pending:  # proposed before a restart by a run without session logs: evaluate them
+                return [c.id for c in pending]
+            retire_partial(sdir)
+            self._record_proposer_sessions(sdir)
+            limits = remaining_limits(self.cfg.harness_phase, total_usage(self.state.proposer_sessions))
+            self._set_progress(detail=f"iteration {iteration}: {self.cfg.harness_phase.proposer} proposer session")
+            result = ray.get(self.proposer.session.remote(
+                str(self.archive.root), self.cfg.harness_phase.candidates_per_iteration, iteration,
+                limits.to_dict(), str(sdir / PARTIAL_FILE)))
+            record = {**result["session"], "proposals": result["proposals"], "cycle": cycle}
+            write_session(sdir, record)
+        self._record_proposer_sessions(sdir)
+        done = {(c.code, c.parent, c.hypothesis) for c in self.archive.candidates() if c.iteration == iteration}
+        added = 0
+        for p in record.get("proposals") or []:
+            if (p["code"], p["parent"], p["hypothesis"]) in done:
+                continue  # added before a restart
+            try:
+                self.archive.add_candidate(p["code"], parent=p["parent"], hypothesis=p["hypothesis"],
+                                           iteration=iteration, cycle=cycle)
+            except ArchiveError:
+                continue  # a proposal naming no archive parent: the session log keeps it
+            done.add((p["code"], p["parent"], p["hypothesis"]))
+            added += 1
+        self.state.ledger.candidates_proposed += added
         self.state.save(self.run_dir)
-        return ids
+        return [c.id for c in self.archive.pending(iteration)]
+
+    def _record_proposer_sessions(self, directory: Path) -> None:
+        """Put the sessions logged in `directory` on record and rebuild the proposer ledger from the record."""
+        for name, usage in logged_sessions(directory):
+            self.state.proposer_sessions[name] = usage.to_dict()
+        total, led = total_usage(self.state.proposer_sessions), self.state.ledger
+        led.proposer_sessions, led.proposer_calls, led.proposer_retries = total.sessions, total.calls, total.retries
+        led.proposer_prompt_tokens, led.proposer_completion_tokens = total.prompt_tokens, total.completion_tokens
+        led.proposer_cached_tokens, led.proposer_cost_usd, led.proposer_wall_s = (
+            total.cached_tokens, round(total.cost_usd, 8), round(total.wall_s, 3))
+
+    def _proposer_budget_spent(self) -> bool:
+        """True once a run-wide proposer cap (harness_phase.max_proposer_*) is reached; the reason is on the ledger."""
+        reason = budget_exhausted(self.cfg.harness_phase, total_usage(self.state.proposer_sessions))
+        if reason is not None and self.state.ledger.proposer_stop is None:
+            self.state.ledger.proposer_stop = reason
+            self.state.save(self.run_dir)
+        return reason is not None
+
+    def _leakage(self, cid: str) -> str | None:
+        """Why a proposed candidate's code leaks D_test questions, or None. The seed and re-evaluations
+        (the parent's code unchanged) are not proposer output and are not checked."""
+        c = self.archive.get(cid)
+        if c.parent is None or c.code == self.archive.get(c.parent).code:
+            return None
+        return self.leakage_guard.check(c.code)
 
     def evaluate_candidates(self, ids: list[str], cycle: int, iteration: int) -> None:
-        """Validate (static check, then a one-example smoke test in the sandbox) and evaluate on D_harness;
-        the candidates of an iteration run side by side in the evaluator pool."""
+        """Validate (static check, D_test leakage check, then a one-example smoke test in the sandbox) and
+        evaluate on D_harness; the candidates of an iteration run side by side in the evaluator pool."""
         valid = []
         for cid in ids:
             if self.archive.get(cid).status != "proposed":
@@ -219,6 +307,11 @@ class Coordinator:
                 check_harness_source(self.archive.get(cid).code, f"{cid}/harness.py")
             except ValueError as e:
                 self._reject(cid, str(e))
+                continue
+            leak = self._leakage(cid)
+            if leak is not None:  # D_test text in the code: never run, never scored
+                self._reject(cid, leak)
+                self.state.ledger.candidates_leaked += 1
             else:
                 valid.append(cid)
         smoke = self.rollout_many([(cid, self.splits.harness[:1], 1) for cid in valid],
@@ -261,6 +354,7 @@ class Coordinator:
         # theta* is the current policy whenever the best just changed, so its test score is computed
         # under loaded weights; an older best's score is already in the cache.
         test = self.evaluate_split("test", best.harness_id, self.cfg.eval.test_samples, version=best.weight_version)
+        test_key = f"test|v{best.weight_version}|{best.harness_id}|{self.cfg.eval.test_samples}"
         rewards = self._weight_rewards(cycle)
         spent, start = self.state.ledger, self.state.cycle_start or self.state.ledger
         row = CycleRow(
@@ -272,6 +366,7 @@ class Coordinator:
             harness_success=(self.archive.get(accepted).scores or {}).get("success_rate"),
             weight_version=self.state.weight_version, val=val, best_val=best.val,
             best=f"v{best.weight_version}+{best.harness_id}", test_mean8=test, wall_s=round(wall_s, 1),
+            test_metrics=self.state.eval_metrics.get(test_key, {}),
         )
         self.state.best = best
         self.state.history.append(row)
@@ -291,6 +386,7 @@ class Coordinator:
             rollouts = self.rollout(harness_id, tasks, samples=samples, phase=split, cycle=self.state.cycle, unit=0)
             self._write_rollouts(f"{split}-v{version:05d}-{harness_id}", rollouts)
             self.state.eval_cache[key] = sum(r.reward for r in rollouts) / len(rollouts)
+            self.state.eval_metrics[key] = split_metrics(rollouts, {t.id: t for t in tasks})
             self.state.save(self.run_dir)
         return self.state.eval_cache[key]
 
@@ -308,7 +404,7 @@ class Coordinator:
         for harness_id, tasks, samples in work:
             meta = [(t, s, episode_seed(self.cfg.seed, phase, cycle, unit, harness_id, t.id, s))
                     for t in tasks for s in range(samples)]
-            jobs = [EpisodeJob(task=t.public(), seed=seed) for t, _, seed in meta]
+            jobs = [EpisodeJob(task=t, seed=seed) for t, _, seed in meta]
             refs = self.pool.submit(self.archive.get(harness_id).code, f"{harness_id}.py", jobs)
             submitted.append((harness_id, meta, refs))
             total += len(jobs)
@@ -328,7 +424,8 @@ class Coordinator:
             out.append([
                 Rollout.from_episode(ep, phase=phase, cycle=cycle, harness_id=harness_id, task=task, sample=sample,
                                      seed=seed, weight_version=version,
-                                     reward=self.domain.verify(task, ep.answer) if ep.status == "ok" else 0.0)
+                                     reward=self.verifier(task, ep.answer) if ep.status == "ok" else 0.0,
+                                     metrics=self.domain.episode_metrics(task, ep))
                 for (task, sample, seed), ep in zip(meta, episodes)
             ])
         return out
@@ -373,7 +470,8 @@ class Coordinator:
         self.policy = PolicyServer.options(num_cpus=1, scheduling_strategy=CLUSTER).remote(
             model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
             version=self.state.weight_version, device=p.device, dtype=p.dtype, seed=self.cfg.seed)
-        self.pool = EvaluatorPool(self.cfg.domain, self.policy, self.cfg.sandbox)
+        self.services = self.domain.start_services(self.cfg, self.splits)
+        self.pool = EvaluatorPool(self.cfg.domain, self.policy, self.cfg.sandbox, self.services)
         self.trainer = None
         if any(ph.kind == "weight" for phases in self.plan for ph in phases):
             self.trainer = Trainer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
@@ -381,7 +479,8 @@ class Coordinator:
             if self.state.checkpoint:
                 ray.get(self.trainer.load_checkpoint.remote(str(self.run_dir / self.state.checkpoint)))
         self.proposer = HarnessProposer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
-            self.cfg.harness_phase.proposer, self.domain.skill_text, self.cfg.seed)
+            self.cfg.harness_phase.proposer, self.domain.skill_text, self.cfg.seed,
+            **proposer_options(self.cfg.harness_phase))
 
     def _drop_uncommitted_rollouts(self) -> None:
         """On resume, rollout files that the state never recorded belong to unfinished work, which is redone."""

@@ -14,7 +14,7 @@ import ray
 
 from whale_ray.config import SandboxConfig
 from whale_ray.domain import get_domain
-from whale_ray.records import EpisodeResult, ModelCall, SamplingParams
+from whale_ray.records import EpisodeResult, ModelCall, SamplingParams, Task
 from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
 
 # A run's actors are placed anywhere on the cluster, never inside a caller's placement group (a Tune
@@ -24,17 +24,20 @@ CLUSTER = "DEFAULT"
 
 @dataclass(frozen=True)
 class EpisodeJob:
-    task: dict[str, Any]  # Task.public(): never the gold answer
+    task: Task  # the evaluator is trusted; only task.public() enters the sandbox
     seed: int
 
 
 class EpisodeRunner:
     """Runs episodes of one harness at a time with `slots` sandboxes in flight."""
 
-    def __init__(self, domain: str, generate: GenerateFn, limits: SandboxLimits, slots: int):
-        d = get_domain(domain)
+    def __init__(self, domain: str, generate: GenerateFn, limits: SandboxLimits, slots: int,
+                 services: dict[str, Any] | None = None):
+        self._domain = get_domain(domain)
+        self._services = dict(services or {})
+        d = self._domain
         self._tools_path = d.sandbox_tools_path if d.sandbox_tools_path.exists() else None
-        self._host_tools = d.host_tools()
+        self._host_tools = d.host_tools(self._services)
         self._generate = generate
         self._limits = limits
         self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="episode")
@@ -42,8 +45,9 @@ class EpisodeRunner:
     def run_episodes(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[EpisodeResult]:
         futures = [
             self._executor.submit(
-                run_episode, harness_source, job.task, generate=self._generate, tools_path=self._tools_path,
-                host_tools=self._host_tools, limits=self._limits, seed=job.seed, harness_name=harness_name,
+                run_episode, harness_source, job.task.public(), generate=self._generate, tools_path=self._tools_path,
+                host_tools={**self._host_tools, **self._domain.episode_tools(job.task, self._services)},
+                limits=self._limits, seed=job.seed, harness_name=harness_name,
             )
             for job in jobs
         ]
@@ -52,13 +56,14 @@ class EpisodeRunner:
 
 @ray.remote(max_concurrency=64)
 class SandboxEvaluator:
-    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: dict[str, Any]):
+    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: dict[str, Any],
+                 services: dict[str, Any] | None = None):
         cfg = SandboxConfig.model_validate(sandbox)
 
         def generate(messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
             return ray.get(policy.generate.remote(messages, sampling))
 
-        self._runner = EpisodeRunner(domain, generate, SandboxLimits.from_config(cfg), cfg.slots)
+        self._runner = EpisodeRunner(domain, generate, SandboxLimits.from_config(cfg), cfg.slots, services)
 
     def run_episodes(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[EpisodeResult]:
         return self._runner.run_episodes(harness_source, harness_name, jobs)
@@ -67,8 +72,10 @@ class SandboxEvaluator:
 class EvaluatorPool:
     """Spreads episodes over SandboxEvaluator actors in chunks of one evaluator's slot count."""
 
-    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: SandboxConfig):
-        self._domain, self._policy, self._cfg = domain, policy, sandbox
+    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: SandboxConfig,
+                 services: dict[str, Any] | None = None):
+        """`services` are the domain's shared trusted services (Domain.start_services), given to every evaluator."""
+        self._domain, self._policy, self._cfg, self._services = domain, policy, sandbox, dict(services or {})
         self._actors: list[ray.actor.ActorHandle] = []
         self.resize(sandbox.evaluators)
 
@@ -77,7 +84,8 @@ class EvaluatorPool:
             raise ValueError(f"an evaluator pool needs at least one evaluator, got {n}")
         while len(self._actors) < n:
             self._actors.append(
-                SandboxEvaluator.options(num_cpus=0.25, scheduling_strategy=CLUSTER).remote(self._domain, self._policy, self._cfg.model_dump())
+                SandboxEvaluator.options(num_cpus=0.25, scheduling_strategy=CLUSTER).remote(
+                    self._domain, self._policy, self._cfg.model_dump(), self._services)
             )
         for actor in self._actors[n:]:
             ray.kill(actor)

@@ -37,12 +37,25 @@ def whale_cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_policy(whale_cache) -> str:
+def embedded_policy(whale_cache):
+    """embedded_policy(domain) -> a small embedded policy of that domain (60 warm-start steps), built once."""
     from whale_ray.domain import get_domain
     from whale_ray.policy.tiny import build_embedded_policy
 
-    return str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=whale_cache, warmstart_steps=60,
-                                     seed=0, progress=False))
+    built: dict[str, str] = {}
+
+    def get(domain: str) -> str:
+        if domain not in built:
+            built[domain] = str(build_embedded_policy(get_domain(domain), cache_dir=whale_cache, warmstart_steps=60,
+                                                      seed=0, progress=False))
+        return built[domain]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(embedded_policy) -> str:
+    return embedded_policy("math_reasoning")
 
 
 @pytest.fixture(scope="session")

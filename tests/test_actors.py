@@ -40,7 +40,7 @@ def test_evaluator_pool_runs_episodes_and_survives_failures(ray_cluster, tiny_po
     pool = EvaluatorPool("math_reasoning", server, SandboxConfig(slots=4, evaluators=2))
     domain = get_domain("math_reasoning")
     tasks = domain.load_splits(DataConfig(), 0).harness[:6]
-    jobs = [EpisodeJob(task=t.public(), seed=i) for i, t in enumerate(tasks)]
+    jobs = [EpisodeJob(task=t, seed=i) for i, t in enumerate(tasks)]
 
     def run(code):
         results = []

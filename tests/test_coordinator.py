@@ -1,4 +1,4 @@
-"""Each condition end to end on a real local Ray cluster, the embedded policy and real sandboxes."""
+"""Each condition of each domain end to end on a real local Ray cluster, the embedded policy and real sandboxes."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from actors.coordinator import Coordinator
 from tests.conftest import small_config
 from whale_ray.archive import Archive
+from whale_ray.domain import DOMAIN_NAMES
 from whale_ray.run_state import RunState
 
 EXPECTED_PHASES = {
@@ -26,10 +27,11 @@ def rollout_rows(run_dir, prefix):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
 @pytest.mark.parametrize("condition", list(EXPECTED_PHASES))
-def test_condition_runs_its_phases(condition, tmp_path, ray_cluster, tiny_policy):
-    cfg = small_config(tmp_path / condition, condition=condition)
-    history = Coordinator(cfg, tiny_policy).run()
+def test_condition_runs_its_phases(domain, condition, tmp_path, ray_cluster, embedded_policy):
+    cfg = small_config(tmp_path / condition, condition=condition, domain=domain)
+    history = Coordinator(cfg, embedded_policy(domain)).run()
     state = RunState.load(cfg.run_dir)
     assert state.finished
     assert [p.rsplit(":", 1)[0] for p in state.phases_done] == EXPECTED_PHASES[condition]
@@ -57,6 +59,9 @@ def test_condition_runs_its_phases(condition, tmp_path, ray_cluster, tiny_policy
     # the test split is reported every cycle, for the pair chosen on val
     for row in history:
         assert 0.0 <= row.test_mean8 <= 1.0
+        assert 0.0 <= row.test_metrics["truncation_rate"] <= 1.0
+    if domain == "search_qa":  # retrieval accuracy comes from the trusted record of the retriever's outputs
+        assert all(0.0 <= row.test_metrics["retrieval_hit"] <= 1.0 for row in history)
     assert state.best is not None
     report = json.loads((cfg.run_dir / "state.json").read_text())
     assert report["ledger"]["eval_rollouts"] > 0

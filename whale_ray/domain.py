@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from whale_ray.records import Task
 
 if TYPE_CHECKING:
-    from whale_ray.config import DataConfig
+    from whale_ray.config import DataConfig, WhaleConfig
+    from whale_ray.records import EpisodeResult
 
-DOMAIN_NAMES = ("math_reasoning",)
+DOMAIN_NAMES = ("math_reasoning", "search_qa", "chess_puzzles")
 
 
 class DataError(ValueError):
@@ -64,12 +65,35 @@ class Domain(ABC):
     def verify(self, task: Task, response: str | None) -> float:
         """1.0 when the final response is accepted for this task, else 0.0."""
 
+    def make_verifier(self, cfg: "WhaleConfig") -> Callable[[Task, str | None], float]:
+        """The run's reward function: `verify`, unless the config adds to it (an LLM judge, say)."""
+        return self.verify
+
     def warmstart_conversations(self, n: int, seed: int) -> list[list[dict[str, str]]]:
         """Chat conversations whose assistant turns teach the embedded tiny policy its first skills."""
         raise NotImplementedError(f"domain {self.name!r} has no embedded warm-start data")
 
-    def host_tools(self) -> dict[str, Callable[..., str]]:
-        """Tools that must run in the trusted process (a shared retriever, say), reached over RPC."""
+    def check_inputs(self, cfg: "WhaleConfig") -> None:
+        """Checks the domain's own inputs beyond the splits (a corpus file, say) before a run starts;
+        raises DataError naming the input."""
+
+    def start_services(self, cfg: "WhaleConfig", splits: Splits) -> dict[str, Any]:
+        """Shared trusted services of a run (Ray actor handles: a retriever, say), started once by the
+        coordinator and handed to every evaluator."""
+        return {}
+
+    def host_tools(self, services: dict[str, Any]) -> dict[str, Callable[..., str]]:
+        """Tools that run in the trusted evaluator process, reached from the sandbox over RPC."""
+        return {}
+
+    def episode_tools(self, task: Task, services: dict[str, Any]) -> dict[str, Callable[..., str]]:
+        """Tools bound to one episode, built per episode in the trusted evaluator. They may read the gold
+        answer and private meta and keep state across calls (a chess opponent, say)."""
+        return {}
+
+    def episode_metrics(self, task: Task, episode: "EpisodeResult") -> dict[str, float]:
+        """Per-episode metrics beside the reward, computed in the trusted process from trusted records
+        (`episode.tool_calls` holds every host and episode tool call); reports average them."""
         return {}
 
     @property
@@ -83,10 +107,6 @@ class Domain(ABC):
     @property
     def skill_text(self) -> str:
         return (self.folder / "skill.md").read_text()
-
-    def metrics(self, rollouts: list[Any]) -> dict[str, float]:
-        """Extra per-domain metrics beside mean@k (retrieval accuracy, say)."""
-        return {}
 
 
 def get_domain(name: str) -> Domain:

@@ -1,6 +1,6 @@
 """Harness proposers: read the archive, write new candidate harness files.
 
-`Proposer` is the pluggable interface (an LLM proposer comes later behind it). `OfflineProposer`
+`Proposer` is the pluggable interface (`llm` and `agent-cli` are in `whale_ray.proposers`). `OfflineProposer`
 needs no model and no API: it picks parents from the archive's Pareto frontier, reads their scores
 and traces to diagnose what goes wrong, and applies one or two edits to the parent's code with
 libcst (so comments and layout survive):
@@ -44,7 +44,7 @@ import libcst as cst
 from whale_ray.archive import Archive
 from whale_ray.harness import STDLIB_MODULES, check_harness_source, normalize_code
 
-PROPOSER_KINDS = ("offline",)
+PROPOSER_KINDS = ("offline", "llm", "agent-cli")
 
 
 class ProposerError(ValueError):
@@ -69,14 +69,27 @@ class Proposer(Protocol):
     def propose(
         self, archive: Archive, n: int, iteration: int, *, skill_text: str, seed: int
     ) -> list[Proposal]:
-        """Up to `n` new candidates (fewer when no more distinct valid edits exist)."""
+        """Up to `n` new candidates (fewer when no more distinct valid edits exist).
+
+        Model-backed proposers (`llm`, `agent-cli`) also take `limits` (a `proposers.session.Limits`: what
+        is left of the run's proposer budget) and `log_path` (where to keep the log of a session in
+        progress), and leave the log of the session in `last_session` (a JSON-able dict with "usage")."""
         ...
 
 
 def make_proposer(kind: str, **kwargs: Any) -> Proposer:
-    """The proposer for a config's `harness_phase.proposer` kind."""
+    """The proposer for a config's `harness_phase.proposer` kind. `llm` and `agent-cli` take
+    `config=<the HarnessPhaseConfig or its dict>` (see `whale_ray.proposers.proposer_options`)."""
     if kind == "offline":
         return OfflineProposer(**kwargs)
+    if kind == "llm":
+        from whale_ray.proposers.llm import LLMProposer
+
+        return LLMProposer(**kwargs)
+    if kind == "agent-cli":
+        from whale_ray.proposers.agent_cli import AgentCLIProposer
+
+        return AgentCLIProposer(**kwargs)
     raise ValueError(f"unknown proposer kind {kind!r}; choose one of {', '.join(PROPOSER_KINDS)}")
 
 

@@ -68,6 +68,8 @@ class EpisodeResult:
     calls: list[ModelCall]
     events: list[dict[str, Any]]  # the harness's own trace: tool calls, observations, notes
     wall_s: float
+    # Every host/episode tool call as the trusted side saw it: {"name", "args", "output"} or {..., "error"}
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def turns(self) -> int:
@@ -99,12 +101,13 @@ class Rollout:
     completion_tokens: int
     wall_s: float
     calls: list[dict[str, Any]]  # ModelCall fields without messages
-    trace: str  # JSON: messages and events, for the archive and the proposer
+    trace: str  # JSON: messages, events and tool calls, for the archive and the proposer
+    metrics: dict[str, float] = field(default_factory=dict)  # the domain's per-episode metrics (retrieval_hit...)
 
     @classmethod
     def from_episode(
         cls, ep: EpisodeResult, *, phase: str, cycle: int, harness_id: str, task: Task, sample: int,
-        seed: int, weight_version: int, reward: float,
+        seed: int, weight_version: int, reward: float, metrics: dict[str, float] | None = None,
     ) -> "Rollout":
         calls = [
             {
@@ -120,6 +123,7 @@ class Rollout:
             "task": task.public(),
             "calls": [{"messages": c.messages, "completion": c.text, "finish_reason": c.finish_reason} for c in ep.calls],
             "events": ep.events,
+            "tool_calls": ep.tool_calls,
             "answer": ep.answer,
             "status": ep.status,
             "reason": ep.reason,
@@ -130,7 +134,7 @@ class Rollout:
             turns=ep.turns, truncated=any(e.get("type") == "turn_budget_exhausted" for e in ep.events),
             prompt_tokens=sum(len(c.prompt_ids) for c in ep.calls),
             completion_tokens=sum(len(c.completion_ids) for c in ep.calls),
-            wall_s=ep.wall_s, calls=calls, trace=json.dumps(trace),
+            wall_s=ep.wall_s, calls=calls, trace=json.dumps(trace), metrics=dict(metrics or {}),
         )
 
 
@@ -164,6 +168,7 @@ ROLLOUT_SCHEMA = pa.schema(
         ("wall_s", pa.float32()),
         ("calls", pa.list_(CALL_TYPE)),
         ("trace", pa.string()),
+        ("metrics", pa.map_(pa.string(), pa.float32())),
     ]
 )
 

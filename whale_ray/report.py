@@ -30,7 +30,24 @@ def cycle_line(row: CycleRow) -> str:
     return (f"cycle {row.cycle} | {row.phases} | rollouts weight {row.weight_rollouts}, harness {row.harness_rollouts} "
             f"| train reward {_cell(row.train_reward)} | accepted {row.accepted_harness} "
             f"(D_harness {_cell(row.harness_success)}) | θ v{row.weight_version} | val {_cell(row.val)} "
-            f"| best {row.best} | test mean@8 {_cell(row.test_mean8)} | {row.wall_s:.0f} s")
+            f"| best {row.best} | test mean@8 {_cell(row.test_mean8)}{_metrics_text(row)} | {row.wall_s:.0f} s")
+
+
+def _metrics_text(row: CycleRow) -> str:
+    shown = {k: v for k, v in row.test_metrics.items() if not k.startswith("group:")}
+    return "".join(f", {k.replace('_', ' ')} {v:.3f}" for k, v in shown.items())
+
+
+def metrics_table(rows: list[CycleRow]) -> str:
+    """D_test of (θ*, h*) beyond mean@8, one row per cycle: truncation rate, domain metrics, per-group means."""
+    keys = sorted({k for r in rows for k in r.test_metrics}, key=lambda k: (k.startswith("group:"), k))
+    if not keys:
+        return ""
+    lines = ["| cycle | test mean@8 | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+             "|" + "---|" * (len(keys) + 2)]
+    lines += [f"| {r.cycle} | {_cell(r.test_mean8)} | " + " | ".join(_cell(r.test_metrics.get(k)) for k in keys) + " |"
+              for r in rows]
+    return "\n".join(lines)
 
 
 def cycle_table(rows: list[CycleRow], title: str = "WHALE run") -> Table:
@@ -58,10 +75,26 @@ def ledger_lines(state: RunState) -> list[str]:
         f"rollouts: weight phase {led.weight_rollouts}, harness evaluation {led.harness_rollouts} "
         f"(training total {led.training_rollouts}); val/test reporting {led.eval_rollouts}",
         f"weight steps {led.weight_steps}; harness iterations {led.harness_iterations}; "
-        f"candidates proposed {led.candidates_proposed}, invalid {led.candidates_invalid}",
+        f"candidates proposed {led.candidates_proposed}, invalid {led.candidates_invalid}"
+        + (f" ({led.candidates_leaked} as D_test leakage)" if led.candidates_leaked else ""),
+        *proposer_ledger_lines(state),
         f"wall time by phase: {speed}",
         f"best (θ*, h*): {state.best.model_dump() if state.best else '-'}",
     ]
+
+
+def proposer_ledger_lines(state: RunState) -> list[str]:
+    """The proposer's own ledger (tokens, cost, wall time), kept apart from the rollout ledger."""
+    led = state.ledger
+    lines = [
+        f"proposer (separate ledger, not in rollouts): {led.proposer_sessions} sessions, {led.proposer_calls} model "
+        f"calls, tokens prompt {led.proposer_prompt_tokens} (cached {led.proposer_cached_tokens}) + completion "
+        f"{led.proposer_completion_tokens} = {led.proposer_tokens}, cost ${led.proposer_cost_usd:.4f}, "
+        f"wall {led.proposer_wall_s:.1f} s, retries {led.proposer_retries}"
+    ]
+    if led.proposer_stop:
+        lines.append(f"harness search stopped by the proposer budget: {led.proposer_stop}")
+    return lines
 
 
 def write_report(run_dir: Path, state: RunState) -> Path:
@@ -73,7 +106,9 @@ def write_report(run_dir: Path, state: RunState) -> Path:
 
     out = Path(run_dir) / "report"
     out.mkdir(parents=True, exist_ok=True)
+    metrics = metrics_table(state.history)
     text = "\n".join(["# WHALE run summary", "", markdown_table(state.history), "",
+                      *(["D_test beyond mean@8 (θ*, h*):", "", metrics, ""] if metrics else []),
                       *(f"- {line}" for line in ledger_lines(state)), ""])
     atomic_write_text(out / "summary.md", text)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 from pydantic import BaseModel, Field
 
@@ -24,11 +24,26 @@ class Ledger(BaseModel):
     weight_steps: int = 0
     harness_iterations: int = 0
     candidates_proposed: int = 0
-    candidates_invalid: int = 0
+    candidates_invalid: int = 0  # leakage rejections included
+    candidates_leaked: int = 0  # rejected because their code held D_test text
+    # The proposer's own ledger, apart from rollouts: the sum over RunState.proposer_sessions.
+    proposer_sessions: int = 0
+    proposer_calls: int = 0
+    proposer_prompt_tokens: int = 0  # cached ones included
+    proposer_completion_tokens: int = 0
+    proposer_cached_tokens: int = 0
+    proposer_cost_usd: float = 0.0
+    proposer_wall_s: float = 0.0
+    proposer_retries: int = 0
+    proposer_stop: Optional[str] = None  # the proposer budget cap that ended harness search, if one did
 
     @property
     def training_rollouts(self) -> int:
         return self.weight_rollouts + self.harness_rollouts
+
+    @property
+    def proposer_tokens(self) -> int:
+        return self.proposer_prompt_tokens + self.proposer_completion_tokens
 
 
 class PhaseProgress(BaseModel):
@@ -64,6 +79,8 @@ class CycleRow(BaseModel):
     best: str
     test_mean8: float
     wall_s: float
+    # D_test of (θ*, h*) beyond mean@8: truncation_rate, the domain's metrics, "group:<name>" means
+    test_metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class RunState(BaseModel):
@@ -80,9 +97,12 @@ class RunState(BaseModel):
     cycle_start: Optional[Ledger] = None  # the ledger when the current cycle began
     history: list[CycleRow] = Field(default_factory=list)
     eval_cache: dict[str, float] = Field(default_factory=dict)
+    eval_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)  # same keys as eval_cache
     phase_wall_s: dict[str, float] = Field(default_factory=dict)
     rollout_files: dict[str, int] = Field(default_factory=dict)  # rollouts/<name>.parquet on record: rows
     phases_done: list[str] = Field(default_factory=list)  # "cycle:kind:units", in the order they finished
+    # proposer sessions on record ("iter-0007/session", "iter-0007/aborted-1"): their usage, counted once
+    proposer_sessions: dict[str, dict[str, Union[int, float]]] = Field(default_factory=dict)
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunState | None":

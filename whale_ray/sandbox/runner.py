@@ -1,7 +1,7 @@
 """Run one episode of an untrusted harness file in an isolated subprocess (the host side).
 
     result = run_episode(source, task.public(), generate=gen, tools_path=domain.sandbox_tools_path,
-                         host_tools=domain.host_tools(), limits=SandboxLimits(), seed=7)
+                         host_tools=domain.host_tools(services), limits=SandboxLimits(), seed=7)
 
 `run_episode` never raises for anything the harness does: every outcome is an `EpisodeResult` with a
 status from `records.STATUSES` and a short reason. It raises only for the caller's own mistakes (a task
@@ -444,6 +444,7 @@ class _Episode:
         self.seed = seed
         self.t0 = t0
         self.calls: list[ModelCall] = []
+        self.tool_calls: list[dict[str, Any]] = []
         self.outcome: tuple[str, str, str | None, list[dict[str, Any]]] | None = None
         self.host_error: BaseException | None = None
         self.rpc_calls = 0
@@ -544,7 +545,9 @@ class _Episode:
                         pass
         if self.host_error is not None:
             raise self.host_error
-        return self._finish(namespaced)
+        result = self._finish(namespaced)
+        result.tool_calls = self.tool_calls
+        return result
 
     def _finish(self, namespaced: bool) -> EpisodeResult:
         if self.outcome is not None:
@@ -790,16 +793,22 @@ class _Episode:
             self._set("protocol_error", "a tool request needs a str name and a dict of args")
         fn = self.host_tools.get(name)
         if fn is None:
-            return {"type": "rpc_error", "id": rid, "message": f"unknown tool {name[:80]!r}"}
+            return self._tool_error(rid, name, args, f"unknown tool {name[:80]!r}")
         try:
             output = self._call_host(lambda: _invoke(fn, args))
         except TypeError as e:
             if _raised_by_call(e):
-                return {"type": "rpc_error", "id": rid, "message": f"bad arguments for tool {name!r}: {e}"}
-            return {"type": "rpc_error", "id": rid, "message": f"tool {name!r} raised TypeError: {e}"}
+                return self._tool_error(rid, name, args, f"bad arguments for tool {name!r}: {e}")
+            return self._tool_error(rid, name, args, f"tool {name!r} raised TypeError: {e}")
         except Exception as e:
-            return {"type": "rpc_error", "id": rid, "message": f"tool {name!r} raised {type(e).__name__}: {e}"}
-        return {"type": "tool_result", "id": rid, "output": output if isinstance(output, str) else str(output)}
+            return self._tool_error(rid, name, args, f"tool {name!r} raised {type(e).__name__}: {e}")
+        output = output if isinstance(output, str) else str(output)
+        self.tool_calls.append({"name": name, "args": args, "output": output})
+        return {"type": "tool_result", "id": rid, "output": output}
+
+    def _tool_error(self, rid: int, name: str, args: dict[str, Any], message: str) -> dict[str, Any]:
+        self.tool_calls.append({"name": name[:80], "args": args, "error": message})
+        return {"type": "rpc_error", "id": rid, "message": message}
 
     # -- teardown
     def _teardown(self, namespaced: bool) -> None:

@@ -1,0 +1,61 @@
+"""Retriever: the search_qa corpus index, one Ray actor shared by every evaluator of a run.
+
+A thin shell over the plain backends of domains/search_qa/retrieval.py (BM25, dense, HTTP client);
+evaluators reach it through the domain's `search` host tool, never from inside a sandbox.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from domains.search_qa.retrieval import Passage, SearchBackend, build_retriever
+from whale_ray.config import RetrievalConfig
+
+# Placed anywhere on the cluster, never inside a caller's placement group (see sandbox_evaluator.CLUSTER).
+CLUSTER = "DEFAULT"
+MAX_CONCURRENCY = 8  # concurrent searches; an HTTP backend spends most of its time waiting
+
+
+@ray.remote
+class Retriever:
+    def __init__(self, retrieval: dict[str, Any], passages: list[Passage] | None = None):
+        """`retrieval`: a RetrievalConfig as a dict; `passages`: the generated corpus, used unless the
+        config names a corpus file or an HTTP service."""
+        self._backend: SearchBackend | None = None
+        self._start_error: Exception | None = None
+        try:
+            self._backend = build_retriever(RetrievalConfig.model_validate(retrieval), passages)
+        except Exception as e:  # kept for describe(): Ray would turn it into an ActorDiedError without a cause
+            self._start_error = e
+
+    def _ready(self) -> SearchBackend:
+        if self._backend is None:
+            assert self._start_error is not None
+            raise self._start_error
+        return self._backend
+
+    def search(self, queries: list[str], topk: int) -> list[list[Passage]]:
+        return self._ready().search(queries, topk)
+
+    def describe(self) -> dict[str, Any]:
+        backend = self._ready()
+        passages = getattr(backend, "passages", None)
+        return {"backend": type(backend).__name__, "passages": len(passages) if passages is not None else None}
+
+
+def start_retriever(retrieval: RetrievalConfig, passages: list[Passage] | None = None) -> "ray.actor.ActorHandle":
+    """A started Retriever. Waits until its index is built, so a bad corpus or model fails here, with the
+    original exception (a whale_ray.domain.DataError, say)."""
+    handle = Retriever.options(num_cpus=0, scheduling_strategy=CLUSTER, max_concurrency=MAX_CONCURRENCY).remote(
+        retrieval.model_dump(mode="json"), passages)
+    try:
+        ray.get(handle.describe.remote())
+    except ray.exceptions.RayTaskError as e:
+        ray.kill(handle)
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
+    return handle

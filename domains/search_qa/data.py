@@ -1,0 +1,241 @@
+"""Loaders for the Search-R1 question files, and the splits.
+
+Search-R1's published files (nq_hotpotqa_train train.parquet / test.parquet, one row per question,
+built from FlashRAG's datasets) have the columns
+    id, question, golden_answers, data_source, prompt, ability, reward_model, extra_info
+where golden_answers is a list of strings, data_source the benchmark ("nq", "triviaqa", "popqa",
+"hotpotqa", "2wikimultihopqa", "musique", "bamboogle"), prompt the chat with Search-R1's instruction
+ending in "Question: ...", and reward_model = {"style": "rule", "ground_truth": {"target": [...]}}.
+Files may be parquet or JSONL (one JSON object per line).
+
+Accepted here: the question from `question`, else from the first user message of `prompt` (the text
+after its last "Question:"); the gold answers from `golden_answers`, else `reward_model.ground_truth
+.target` (a list or one string); the benchmark from `data_source` (else the file's stem), put in the
+task's public meta as "group" (reports average per group); the id from `id`, else `extra_info.index`,
+else the row number. A task's answer is its first gold answer; all of them are in the private meta
+"_golden_answers".
+
+Problems: a missing or unreadable file, or a missing question / answer column, raises DataError naming
+the file. A row without a question or with no gold answer (or a JSONL line that is not a JSON object)
+is skipped with a warning naming the file and row, and a count; a file with no usable row raises
+DataError. Rows are numbered from 0 in parquet files and lines from 1 in JSONL files. A question that
+repeats is kept once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from whale_ray.domain import DataError, Splits
+from whale_ray.records import Task
+
+from . import generator
+
+if TYPE_CHECKING:
+    from whale_ray.config import DataConfig
+
+log = logging.getLogger(__name__)
+
+EXTENSIONS = (".parquet", ".jsonl")
+BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
+MAX_ROW_WARNINGS = 5  # per file; the summary line always has the total
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _rows(path: Path) -> tuple[list[str], Iterator[tuple[str, Any]]]:
+    """Column names, and (row label, record) pairs; a record that is not a dict is passed on as is."""
+    if path.suffix.lower() not in EXTENSIONS:
+        raise DataError(f"data file {path}: unsupported extension {path.suffix!r} (expected .parquet or .jsonl)")
+    if not path.is_file():
+        raise DataError(f"data file {path}: not found")
+    if path.suffix.lower() == ".parquet":
+        try:
+            pfile = pq.ParquetFile(path)
+            columns = pfile.schema_arrow.names
+        except (pa.ArrowException, OSError) as e:
+            raise DataError(f"data file {path}: not a readable parquet file ({_first_line(e)})") from None
+
+        def parquet_records():
+            i = 0
+            try:
+                for batch in pfile.iter_batches(batch_size=8192):
+                    for record in batch.to_pylist():
+                        yield f"row {i}", record
+                        i += 1
+            except (pa.ArrowException, OSError) as e:
+                raise DataError(f"data file {path}: not readable at row {i} ({_first_line(e)})") from None
+
+        return columns, parquet_records()
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"data file {path}: not readable ({type(e).__name__})") from None
+    records: list[tuple[str, Any]] = []
+    columns: dict[str, None] = {}
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            columns.update(dict.fromkeys(obj))
+        records.append((f"line {n}", obj))
+    return list(columns), iter(records)
+
+
+def _text(value: Any) -> str | None:
+    if value is None or isinstance(value, (dict, list, bool)):
+        return None
+    s = str(value).strip()
+    return s or None
+
+
+def _question(record: dict[str, Any]) -> str | None:
+    question = _text(record.get("question"))
+    if question is not None:
+        return question
+    prompt = record.get("prompt")
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        prompt = users[0] if users else None
+    if not isinstance(prompt, str) or "Question:" not in prompt:
+        return None
+    return _text(prompt.rsplit("Question:", 1)[1])
+
+
+def _answers(record: dict[str, Any]) -> list[str]:
+    golds = record.get("golden_answers")
+    if golds is None:
+        reward = record.get("reward_model")
+        truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+        golds = truth.get("target") if isinstance(truth, dict) else truth
+    if not isinstance(golds, (list, tuple)):
+        golds = [golds]
+    out: list[str] = []
+    for g in golds:
+        t = _text(g)
+        if t is not None and t not in out:
+            out.append(t)
+    return out
+
+
+def load_questions(path: Path | str) -> list[Task]:
+    """The tasks of one Search-R1 style file (parquet or JSONL), distinct by question text."""
+    path = Path(path)
+    columns, records = _rows(path)
+    if "question" not in columns and "prompt" not in columns:
+        raise DataError(f"data file {path}: missing column 'question' (or a Search-R1 'prompt')")
+    if "golden_answers" not in columns and "reward_model" not in columns:
+        raise DataError(f"data file {path}: missing column 'golden_answers' (or 'reward_model' with "
+                        "ground_truth.target)")
+    tasks: list[Task] = []
+    seen_ids: set[str] = set()
+    seen_questions: set[str] = set()
+    skipped, duplicates, n_rows = 0, 0, 0
+    for n, (label, record) in enumerate(records):
+        n_rows += 1
+        if not isinstance(record, dict):
+            problem = "not a JSON object"
+        else:
+            question, golds = _question(record), _answers(record)
+            problem = "no question" if question is None else "empty golden_answers" if not golds else None
+        if problem is not None:
+            if skipped < MAX_ROW_WARNINGS:
+                log.warning("data file %s: %s: %s; skipped", path, label, problem)
+            skipped += 1
+            continue
+        if question in seen_questions:
+            duplicates += 1
+            continue
+        seen_questions.add(question)
+        group = _text(record.get("data_source")) or path.stem
+        extra = record.get("extra_info")
+        index = _text(record.get("id")) or (_text(extra.get("index")) if isinstance(extra, dict) else None)
+        task_id = f"{group}-{index if index is not None else n}"
+        if task_id in seen_ids:
+            task_id = f"{group}-{path.stem}-{label.replace(' ', '')}"
+        seen_ids.add(task_id)
+        tasks.append(Task(id=task_id, question=question, answer=golds[0],
+                          meta={"group": group, "_golden_answers": golds}))
+    if skipped:
+        log.warning("data file %s: skipped %d of %d rows", path, skipped, n_rows)
+    if duplicates:
+        log.info("data file %s: %d repeated questions kept once (%d distinct)", path, duplicates, len(tasks))
+    if not tasks:
+        raise DataError(f"data file {path}: no usable rows ({skipped} of {n_rows} skipped)")
+    return tasks
+
+
+def stratified_sample(tasks: list[Task], n: int, seed: int) -> list[Task]:
+    """`n` tasks spread evenly over their groups (round robin over seeded shuffles); all when n >= len."""
+    by_group: dict[str, list[Task]] = {}
+    for t in tasks:
+        by_group.setdefault(t.meta["group"], []).append(t)
+    for group, members in by_group.items():
+        random.Random(f"whale-search-test:{seed}:{group}").shuffle(members)
+    picked: list[Task] = []
+    queues = [by_group[g] for g in sorted(by_group)]
+    depth = 0
+    while len(picked) < n and any(depth < len(q) for q in queues):
+        picked += [q[depth] for q in queues if depth < len(q)][: n - len(picked)]
+        depth += 1
+    return picked
+
+
+# --- splits ----------------------------------------------------------------------------------------
+
+
+def _generated_splits(data: "DataConfig", seed: int) -> Splits:
+    sizes = {"weight": data.n_weight, "harness": data.n_harness, "val": data.n_val, "test": data.n_test}
+    s = generator.generate_splits(sizes, seed)
+    return Splits(weight=s["weight"], harness=s["harness"], val=s["val"], test=s["test"])
+
+
+def _file_splits(data: "DataConfig", seed: int) -> Splits:
+    """D_test: n_test questions of the test files, spread evenly over their benchmarks; D_val, D_harness
+    and D_weight, in that order, from a seeded shuffle of the train file without the test questions."""
+    assert data.train_path is not None  # DataConfig checks it for source "files"
+    test_all: list[Task] = []
+    test_questions: set[str] = set()
+    for p in data.test_paths:
+        for t in load_questions(p):
+            if t.question.strip() not in test_questions:
+                test_questions.add(t.question.strip())
+                test_all.append(t)
+    test = stratified_sample(test_all, data.n_test, seed)
+    train = load_questions(data.train_path)
+    clean = [t for t in train if t.question.strip() not in test_questions]
+    if len(clean) < len(train):
+        log.warning("data file %s: %d questions also in the test files left out of training", data.train_path,
+                    len(train) - len(clean))
+    random.Random(f"whale-search-train:{seed}").shuffle(clean)
+    val = clean[: data.n_val]
+    harness = clean[len(val): len(val) + data.n_harness]
+    weight = clean[len(val) + len(harness): len(val) + len(harness) + data.n_weight]
+    if not weight:
+        raise DataError(
+            f"data file {data.train_path}: {len(clean)} usable questions are too few; D_val ({data.n_val}) and "
+            f"D_harness ({data.n_harness}) are taken first and D_weight needs at least one more"
+        )
+    return Splits(weight=weight, harness=harness, val=val, test=test)
+
+
+def load_splits(data: "DataConfig", seed: int) -> Splits:
+    """Disjoint D_weight / D_harness / D_val / D_test from the generator or from Search-R1 files."""
+    if data.source == "generated":
+        return _generated_splits(data, seed)
+    return _file_splits(data, seed)
