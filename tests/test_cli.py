@@ -34,6 +34,11 @@ def files(tmp_path):
     return {"train": train, "nocol": no_column, "aime": aime, "syntax": syntax, "norun": no_run}
 
 
+def yaml_file(path, text) -> str:
+    path.write_text(text)
+    return str(path)
+
+
 def data_config(tmp_path, name, train, test) -> str:
     path = tmp_path / f"{name}.yaml"
     path.write_text(f"data:\n  source: files\n  train_path: {train}\n  test_paths: [{test}]\n")
@@ -54,6 +59,7 @@ def data_config(tmp_path, name, train, test) -> str:
         (["--model", "{missing}"], "not a Hugging Face checkpoint directory"),
         (["--config", "{missing_data}"], "nothere.parquet"),
         (["--config", "{no_column}"], "missing column 'reward_model'"),
+        (["--domain", "search_qa", "--config", "{missing_corpus}"], "retrieval.corpus_path"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_no_run_dir(case, needle, tmp_path, files):
@@ -61,6 +67,7 @@ def test_bad_input_is_one_line_and_leaves_no_run_dir(case, needle, tmp_path, fil
         "syntax": files["syntax"], "norun": files["norun"], "missing": tmp_path / "missing.py",
         "missing_data": data_config(tmp_path, "missing_data", tmp_path / "nothere.parquet", files["aime"]),
         "no_column": data_config(tmp_path, "no_column", files["nocol"], files["aime"]),
+        "missing_corpus": yaml_file(tmp_path / "corpus.yaml", f"retrieval:\n  corpus_path: {tmp_path}/wiki.jsonl\n"),
     }
     args = [a.format(**subs) for a in case] + ["--run-dir", str(tmp_path / "run")]
     result = whale(*args, cwd=tmp_path)

@@ -31,7 +31,7 @@ FOLDER = Path(__file__).resolve().parents[1] / "domains" / "search_qa"
 H0_KNOBS = {
     "SYSTEM_PROMPT": "Answer the question. Use <search>query</search> to search. Put the answer in <answer></answer>.",
     "MAX_TURNS": 2,
-    "TOP_K_PASSAGES": 1,
+    "N_PASSAGES": 1,
     "PASSAGE_TOKENS": 200,
     "MAX_TOKENS": 64,
     "TEMPERATURE": 1.0,
@@ -682,7 +682,7 @@ def test_h0_in_the_real_sandbox():
     assert DOMAIN.episode_metrics(task, ep) == {"retrieval_hit": 1.0}
 
     # asking for more passages than the tool allows: the harness sees a ToolError, the episode goes on
-    ep = run(source.replace("TOP_K_PASSAGES = 1", "TOP_K_PASSAGES = 50"))
+    ep = run(source.replace("N_PASSAGES = 1", "N_PASSAGES = 50"))
     assert ep.status == "ok" and "error" in ep.tool_calls[0] and "from 1 to 20" in ep.tool_calls[0]["error"]
     assert DOMAIN.episode_metrics(task, ep) == {"retrieval_hit": 0.0}
 
@@ -768,7 +768,7 @@ def test_teacher_under_h0_leaves_room_for_harness_search(world, world_bm25):
     base = (FOLDER / "h0.py").read_text()
     h0_success, h0_hits = _teacher_success(world, world_bm25, base)
     assert 0.2 <= h0_success <= 0.5 and h0_hits < 0.6
-    better = base.replace("MAX_TURNS = 2", "MAX_TURNS = 4").replace("TOP_K_PASSAGES = 1", "TOP_K_PASSAGES = 2")
+    better = base.replace("MAX_TURNS = 2", "MAX_TURNS = 4").replace("N_PASSAGES = 1", "N_PASSAGES = 2")
     prompt = " ".join([generator.H0_SYSTEM_PROMPT, generator.SEARCH_AGAIN_PHRASE, generator.ALWAYS_SEARCH_PHRASE])
     tuned_success, tuned_hits = _teacher_success(world, world_bm25, better, prompt)
     assert tuned_success >= h0_success + 0.3 and tuned_hits >= h0_hits + 0.3

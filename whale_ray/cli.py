@@ -5,6 +5,7 @@
     whale run --config my.yaml --model /models/Qwen3.5-2B
     whale sweep tune_configs/schedule_ablation.yaml
     whale doctor                    which sandbox layers this machine supports
+    whale build-policy --domain search_qa --device cuda    fill the embedded-policy cache ahead of a run
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--proposer-max-wall", type=float, help="cap on proposer wall time in seconds per run")
     run.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
     sub.add_parser("doctor", help="which sandbox isolation layers are active on this machine, and why not")
+    build = sub.add_parser("build-policy", help="build (or find) the embedded tiny policy of a domain in the cache")
+    build.add_argument("--domain", default="math_reasoning")
+    build.add_argument("--device", default="cpu", help="where to run the warm-start (cpu, cuda)")
+    build.add_argument("--steps", type=int, default=1200, help="warm-start steps (policy.warmstart_steps)")
     sweep = sub.add_parser("sweep", help="a Ray Tune sweep over (E, I) schedules, one full run per point")
     sweep.add_argument("file", type=Path, help="sweep YAML (see tune_configs/)")
     sweep.add_argument("--root", type=Path, default=Path("runs/sweep"), help="folder of the trials' run directories")
@@ -245,6 +250,21 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_policy(args: argparse.Namespace) -> int:
+    from whale_ray.domain import get_domain
+    from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir, read_build_info
+
+    try:
+        domain = get_domain(args.domain)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    path = build_embedded_policy(domain, cache_dir=default_cache_dir(), warmstart_steps=args.steps, device=args.device)
+    info = read_build_info(path)
+    console.print(f"{path}  (built on {info.get('device', 'cpu')} in {info.get('build_seconds', '?')} s, "
+                  f"loss {info.get('loss_start') or float('nan'):.3f} -> {info.get('loss_end') or float('nan'):.3f})")
+    return 0
+
+
 def cmd_doctor() -> int:
     from whale_ray.doctor import doctor_report, format_doctor
 
@@ -262,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_sweep(args)
         if args.command == "doctor":
             return cmd_doctor()
+        if args.command == "build-policy":
+            return cmd_build_policy(args)
     except (ConfigError, InputError) as e:
         console.print(f"[red]whale: error:[/red] {e}", highlight=False)
         return 2

@@ -44,6 +44,9 @@ import libcst as cst
 from whale_ray.archive import Archive
 from whale_ray.harness import STDLIB_MODULES, check_harness_source, normalize_code
 
+# The final-answer formats the diagnosis recognises ("returned an answer without the marker").
+ANSWER_MARKERS = ("\\boxed{", "<answer>")
+
 PROPOSER_KINDS = ("offline", "llm", "agent-cli")
 
 
@@ -608,7 +611,8 @@ def diagnose(
         if status == "ok" and not truncated:
             if answer is None or (isinstance(answer, str) and not answer.strip()):
                 n_none += 1
-            elif answer_marker and isinstance(answer, str) and answer_marker not in answer and re.search(r"\d", answer):
+            elif (answer_marker and isinstance(answer, str) and answer_marker not in answer
+                  and (answer_marker != "\\boxed{" or re.search(r"\d", answer))):
                 n_unboxed += 1
             if answer_marker and any(answer_marker in str(c.get("completion", "")) for c in calls) and (
                 not isinstance(answer, str) or answer_marker not in answer
@@ -662,8 +666,8 @@ def diagnose(
         ))
     if n_miss / n >= 0.15 or n_lost / n >= 0.15:
         k = max(n_miss, n_lost)
-        marker = answer_marker.rstrip("{") + "{}" if answer_marker else "a final answer"
-        detail = f"{n_none} returned no answer, {n_unboxed} returned a number without {marker}"
+        marker = {"\\boxed{": "\\boxed{}", "<answer>": "<answer></answer>"}.get(answer_marker, "a final answer")
+        detail = f"{n_none} returned no answer, {n_unboxed} returned an answer without {marker}"
         if n_lost:
             detail += f", {n_lost} wrote {marker} in a completion that the answer lost"
         F.append(Finding(
@@ -973,8 +977,8 @@ class OfflineProposer:
         parent_ids = sorted(set(slots))
         view = archive.view_for_proposer(traces=parent_ids)
         by_id = {c["id"]: c for c in view}
-        answer_marker = "\\boxed{" if ("\\boxed" in (skill_text or "") or any(
-            "\\boxed{" in c["code"] for c in view)) else None
+        answer_marker = next((m for m in ANSWER_MARKERS if m in (skill_text or "") or any(
+            m in c["code"] for c in view)), None)
 
         queues: dict[str, _Queue] = {}
         diags: dict[str, Diagnosis] = {}

@@ -34,18 +34,24 @@ class SearchQADomain(Domain):
     def warmstart_conversations(self, n: int, seed: int) -> list[list[dict[str, str]]]:
         return generator.warmstart_conversations(n, seed)
 
+    def check_inputs(self, cfg: "WhaleConfig") -> None:
+        r = cfg.retrieval
+        if r.kind == "http":
+            return
+        if r.corpus_path is None and cfg.data.source != "generated":
+            raise DataError(f"retrieval.kind {r.kind!r} with data.source 'files' needs retrieval.corpus_path "
+                            "(a Search-R1 style JSONL corpus) or retrieval.kind 'http' with retrieval.url")
+        if r.corpus_path is not None and not Path(r.corpus_path).is_file():
+            raise DataError(f"retrieval.corpus_path {r.corpus_path}: not found")
+
     def start_services(self, cfg: "WhaleConfig", splits: Splits) -> dict[str, Any]:
         """{"retriever": a Retriever actor}, over cfg.retrieval's corpus, else the seed's generated corpus."""
         from actors.retriever import start_retriever
 
+        self.check_inputs(cfg)
         r = cfg.retrieval
-        passages = None
-        if r.kind != "http" and r.corpus_path is None:
-            if cfg.data.source != "generated":
-                raise DataError(f"retrieval.kind {r.kind!r} with data.source 'files' needs retrieval.corpus_path "
-                                "(a Search-R1 style JSONL corpus) or retrieval.kind 'http' with retrieval.url")
-            passages = generator.corpus(cfg.seed)
-        return {"retriever": start_retriever(r, passages)}
+        use_generated = r.kind != "http" and r.corpus_path is None
+        return {"retriever": start_retriever(r, generator.corpus(cfg.seed) if use_generated else None)}
 
     def host_tools(self, services: dict[str, Any]) -> dict[str, Callable[..., str]]:
         """{"search": search(query, topk=1) -> str}; services["retriever"] is a Retriever actor handle or

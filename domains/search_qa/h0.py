@@ -9,7 +9,7 @@ answers with the passages found, and the model ends with <answer>...</answer>.
 
 The verifier reads only the LAST <answer>...</answer> of the returned text. h0 is weak on purpose, as
 in WHALE: the model gets MAX_TURNS = 2 turns (a two-hop question needs two searches and an answer),
-each search shows only the top TOP_K_PASSAGES = 1 passage cut to PASSAGE_TOKENS = 200 words, the
+each search shows only the top N_PASSAGES = 1 passage cut to PASSAGE_TOKENS = 200 words, the
 prompt is minimal, and extract_answer passes the model's text through unchanged.
 
 Standard library only: this file runs inside the sandbox.
@@ -19,7 +19,7 @@ import re
 
 SYSTEM_PROMPT = "Answer the question. Use <search>query</search> to search. Put the answer in <answer></answer>."
 MAX_TURNS = 2  # model calls per episode
-TOP_K_PASSAGES = 1  # passages per search
+N_PASSAGES = 1  # passages per search
 PASSAGE_TOKENS = 200  # words kept of each passage
 MAX_TOKENS = 64  # per model call
 TEMPERATURE = 1.0
@@ -49,7 +49,7 @@ def truncate(passage, n_tokens):
 
 def format_observation(output):
     """How search results are shown to the model: one passage per line, inside <information> tags."""
-    passages = [line for line in output.strip().split("\n") if line.strip()][:TOP_K_PASSAGES]
+    passages = [line for line in output.strip().split("\n") if line.strip()][:N_PASSAGES]
     return "<information>" + "\n".join(truncate(p, PASSAGE_TOKENS) for p in passages) + "</information>"
 
 
@@ -61,7 +61,7 @@ def extract_answer(text):
 def call_search(agent, query):
     """Search with the domain's search tool; a tool error becomes the observation."""
     try:
-        output = agent.tool("search", query=query, topk=TOP_K_PASSAGES)
+        output = agent.tool("search", query=query, topk=N_PASSAGES)
     except agent.ToolError as error:
         output = "Error: " + str(error)
     agent.log("tool_call", name="search", query=query, output=output)

@@ -93,8 +93,11 @@ def build_embedded_policy(
     seed: int = 0,
     progress: bool = True,
     config: TinyConfig | None = None,
+    device: str = "cpu",
 ) -> Path:
-    """The checkpoint directory of the tiny policy warm-started on `domain`; built once, then cached."""
+    """The checkpoint directory of the tiny policy warm-started on `domain`; built once, then cached.
+    `device` only says where the warm-start runs (a GPU box can build the cache for CPU machines); it
+    is recorded in the build info, not in the cache key."""
     if warmstart_steps < 0:
         raise ValueError(f"warmstart_steps must be >= 0, got {warmstart_steps}")
     cfg = config or TinyConfig()
@@ -120,7 +123,7 @@ def build_embedded_policy(
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=cache_dir))
         try:
-            info = _build(domain, tmp, steps=warmstart_steps, seed=seed, cfg=cfg, progress=progress)
+            info = _build(domain, tmp, steps=warmstart_steps, seed=seed, cfg=cfg, progress=progress, device=device)
             info["key"] = key_inputs
             (tmp / BUILD_INFO).write_text(json.dumps(info, indent=2))
             if final.exists():  # incomplete leftover under the final name (should not happen): replace it
@@ -380,6 +383,7 @@ def _build(
     tail = losses[-max(1, min(50, len(losses) // 10)):]
     return {
         "domain": domain.name,
+        "device": device,
         "n_params": n_params,
         "vocab_size": len(tokenizer),
         "conversations": len(conversations),
