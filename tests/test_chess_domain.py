@@ -108,7 +108,7 @@ class ScriptedAgent:
 def test_domain_object():
     assert isinstance(DOMAIN, ChessDomain) and isinstance(DOMAIN, Domain)
     assert get_domain("chess_puzzles") is DOMAIN
-    assert DOMAIN.name == "chess_puzzles" and DOMAIN.folder == FOLDER and DOMAIN.warmstart_version == "1"
+    assert DOMAIN.name == "chess_puzzles" and DOMAIN.folder == FOLDER and DOMAIN.warmstart_version == "2"
     assert DOMAIN.h0_path.is_file() and DOMAIN.sandbox_tools_path.is_file()
     t = task(BACK_RANK)
     assert DOMAIN.verify(t, "d1d8") == 1.0 and DOMAIN.verify(t, "d1d7") == 0.0 and DOMAIN.verify(t, None) == 0.0
@@ -348,7 +348,7 @@ def warmstart():
 def test_warmstart_formats(warmstart):
     assert generator.warmstart_conversations(20, seed=0) == generator.warmstart_conversations(20, seed=0)
     user = re.compile(r"(White|Black) to move\. The opponent played (\S+)\.\nFEN: ([^\n]+)\n"
-                      r"(White: [^\n]*\nBlack: [^\n]*|Black: [^\n]*\nWhite: [^\n]*)(?:\nLegal moves:\n(.+))?")
+                      r"(White: [^\n]*\nBlack: [^\n]*|Black: [^\n]*\nWhite: [^\n]*)(?:\nLegal moves: (.+))?")
     wordy = plain_prompts = listed = 0
     for conv in warmstart:
         assert [m["role"] for m in conv] == ["system", "user", "assistant"]
@@ -360,7 +360,9 @@ def test_warmstart_formats(warmstart):
         assert side == generator.side_name(fen) and pieces.startswith(side) and pieces == generator.piece_lines(fen)
         if legal is not None:
             listed += 1
-            assert legal.split(",") == sorted(m.uci() for m in board.legal_moves)
+            assert legal.split(", ") == [f"{board.san(m)} {m.uci()}" for m in sorted(board.legal_moves, key=lambda m: m.uci())]
+            assert chess.Move.from_uci(reply) in board.legal_moves  # copied bare from the list
+            continue
         plain_prompts += "UCI" not in system
         quoted = re.fullmatch(r"After (\S+), I play (\S+)\.", reply)
         if quoted:
@@ -374,12 +376,26 @@ def test_warmstart_formats(warmstart):
 
 def test_warmstart_answers_are_sometimes_the_solution(warmstart):
     positions = {p.fen: p for p in generator._warmstart_positions(60, 0)}
-    right = {True: [], False: []}
+    right: list[bool] = []
+    mate_copied: list[bool] = []
+    forcing: list[bool] = []
     for system, prompt, reply in warmstart:
         fen = prompt["content"].split("FEN: ")[1].split("\n")[0]
-        right["Legal moves" in prompt["content"]].append(reply["content"].rstrip(".").split()[-1] == positions[fen].answer)
-    assert abs(sum(right[True]) / len(right[True]) - generator.CORRECT_RATE_WITH_LIST) < 0.1
-    assert abs(sum(right[False]) / len(right[False]) - generator.CORRECT_RATE_WITHOUT_LIST) < 0.1
+        move = reply["content"].rstrip(".").split()[-1]
+        if "Legal moves" not in prompt["content"]:
+            right.append(move == positions[fen].answer)
+            continue
+        board = chess.Board(fen)
+        sans = {m.uci(): board.san(m) for m in board.legal_moves}
+        if any(san.endswith("#") for san in sans.values()):
+            mate_copied.append(sans[move].endswith("#"))
+        else:
+            forcing.append("x" in sans[move] or sans[move].endswith("+"))
+    assert abs(sum(right) / len(right) - generator.CORRECT_RATE_WITHOUT_LIST) < 0.1
+    # a listed mate is copied most of the time (a random listed move is rarely a mate)
+    assert len(mate_copied) > 30 and abs(sum(mate_copied) / len(mate_copied) - generator.MATE_COPY_RATE) < 0.12
+    # without a mate, captures and checks are preferred over a random listed move
+    assert len(forcing) > 30 and sum(forcing) / len(forcing) > 0.6
 
 
 def test_warmstart_positions_never_in_generated_splits(warmstart, generated):
@@ -475,7 +491,9 @@ def test_a_bad_move_ends_the_puzzle(played, output, status):
 
 def test_host_tools():
     fen = task(BACK_RANK).meta["fen"]
-    assert env.legal_moves(fen).split() == sorted(m.uci() for m in chess.Board(fen).legal_moves)
+    board = chess.Board(fen)
+    assert env.legal_moves(fen) == ", ".join(f"{m.uci()} {board.san(m)}" for m in sorted(board.legal_moves, key=lambda m: m.uci()))
+    assert "d1d8 Rd8#" in env.legal_moves(fen).split(", ")  # the SAN marks mates (and + checks, x captures)
     diagram = env.board(fen).splitlines()
     assert len(diagram) == 8 and diagram[0] == ". . . . . . k ." and diagram[7] == ". . . R R . K ."
     with pytest.raises(ValueError, match="legal_moves: not a valid FEN 'nonsense'"):
@@ -532,8 +550,10 @@ def test_h0_shares_the_warmstart_formats():
     assert h0["build_messages"](t["fen"], t["opponent_move"]) == [
         {"role": "system", "content": "Solve the chess puzzle."}, {"role": "user", "content": t["question"]}]
     legal = env.legal_moves(t["fen"])
-    assert h0["build_messages"](t["fen"], "f2g3", legal)[1]["content"] == generator.user_message(
-        t["fen"], "f2g3", legal.split())
+    pairs = h0["legal_pairs"](legal)
+    assert pairs == generator.legal_pairs(chess.Board(t["fen"]))
+    assert h0["build_messages"](t["fen"], "f2g3", legal)[1]["content"] == generator.user_message(t["fen"], "f2g3", pairs)
+    assert h0["LEGAL_MOVES_FORMAT"] == generator.LEGAL_MOVES_FORMAT
     move = DOMAIN.episode_tools(task(CRUSHING), {})["move"]
     board = chess.Board(t["fen"])
     board.push_uci("e6e7")
@@ -586,7 +606,9 @@ def test_h0_with_legal_moves_and_votes():
     t = task(BACK_RANK)
     agent = ScriptedAgent(t, ["d1d7", "e1e8", "e1e8"])
     assert h0["run"](t.public(), agent) == "e1e8"
-    assert agent.prompts[0][1]["content"].endswith("\nLegal moves:\n" + env.legal_moves(t.meta["fen"]).replace(" ", ","))
+    board = chess.Board(t.meta["fen"])
+    assert agent.prompts[0][1]["content"].endswith(
+        "\nLegal moves: " + ", ".join(f"{board.san(m)} {m.uci()}" for m in sorted(board.legal_moves, key=lambda m: m.uci())))
     assert len(agent.prompts) == 3
 
 
@@ -639,7 +661,7 @@ def test_h0_in_the_sandbox(limits):
 def test_the_env_refuses_moves_after_a_miss_in_the_sandbox(limits):
     probe = '''
 def run(task, agent):
-    legal = agent.tool("legal_moves", fen=task["fen"]).split()
+    legal = agent.tool("legal_moves", fen=task["fen"]).split(", ")
     first = agent.tool("move", uci=legal[0])
     try:
         agent.tool("move", uci="e6e7")
@@ -648,7 +670,7 @@ def run(task, agent):
     return "the environment accepted a second try"
 '''
     t = task(CRUSHING)
-    first = env.legal_moves(t.meta["fen"]).split()[0]
+    first = env.legal_moves(t.meta["fen"]).split()[0]  # "<uci> <san>, ...": the first UCI
     assert first != "e6e7"
     result = sandboxed(probe, t, [], limits)
     assert result.status == "ok", result.reason
@@ -674,28 +696,56 @@ def test_skill_parses_for_the_offline_proposer():
 
 
 def test_skill_variants_work_in_h0():
-    variants = {v.name: v.code for v in parse_skill(DOMAIN.skill_text).variants}
+    variants: dict[str, list[str]] = {}
+    for v in parse_skill(DOMAIN.skill_text).variants:
+        variants.setdefault(v.name, []).append(v.code)
     base = (FOLDER / "h0.py").read_text()
+    listed = base.replace("OFFER_LEGAL_MOVES = False", "OFFER_LEGAL_MOVES = True")
+    last_move, snap = variants["parse_move"]
 
-    h = load_h0(base + "\n" + variants["parse_move"])
+    h = load_h0(base + "\n" + last_move)
     assert h["parse_move"]("After g8h8, I play f5f6.") == "f5f6" and h["parse_move"]("Rd8") == "Rd8"
     t = task(PROMOTION)
     assert DOMAIN.verify(t, h["run"](t.public(), ScriptedAgent(t, ["After g8h8, I play f5f6.", "d7d8q"]))) == 1.0
 
-    h = load_h0(base + "\n" + variants["build_messages"])
+    h = load_h0(listed + "\n" + snap)
+    t = task(BACK_RANK)
+    legal = env.legal_moves(t.meta["fen"])
+    assert h["parse_move"]("e1e8", legal) == "e1e8" and h["parse_move"]("a7e8", legal) == "e1e8"
+    assert h["parse_move"]("d1d9", None) == "d1d9"
+    assert h["run"](t.public(), ScriptedAgent(t, ["After g8h7, I play b1e8."])) == "e1e8"
+
+    (build,) = variants["build_messages"]
+    h = load_h0(base + "\n" + build)
     assert h["build_messages"]("8/8/8/8/8/8/8/k6K w - - 0 1", "a2a1")[0]["content"] == (
         "Solve the chess puzzle. Answer with one move in UCI notation.")
 
-    h = load_h0(base + "\n" + variants["ask_move"])
+    always_list, mate_first, retry = variants["ask_move"]
+    h = load_h0(base + "\n" + always_list)
+    t = task(BACK_RANK)
+    agent = ScriptedAgent(t, ["e1e8"])
+    assert h["run"](t.public(), agent) == "e1e8" and "Legal moves: " in agent.prompts[0][1]["content"]
+
+    h = load_h0(base + "\n" + mate_first)
+    agent = ScriptedAgent(t, [])
+    answer = h["run"](t.public(), agent)
+    assert DOMAIN.verify(t, answer) == 1.0 and agent.prompts == [] and agent.events[0]["type"] == "listed_mate"
+    t = task(CRUSHING)  # no mate listed: the model is asked
+    agent = ScriptedAgent(t, ["e6e7", "b3c1"])
+    assert h["run"](t.public(), agent) == "e6e7 b3c1" and len(agent.prompts) == 2
+
+    h = load_h0(base + "\n" + retry)
     t = task(BACK_RANK)
     agent = ScriptedAgent(t, ["Rd8#", "e1e8"])
     assert h["run"](t.public(), agent) == "e1e8"
     assert "Legal moves:" not in agent.prompts[0][1]["content"] and "Legal moves:" in agent.prompts[1][1]["content"]
     assert agent.events[0]["type"] == "retry"
 
-    h = load_h0(base + "\n" + variants["run_episode"])
+    (run_episode,) = variants["run_episode"]
+    h = load_h0(base + "\n" + run_episode)
     t = task(CRUSHING)
     assert DOMAIN.verify(t, h["run"](t.public(), ScriptedAgent(t, ["e6e7", "b3c1", "h6c1"]))) == 1.0
 
-    h = load_h0(base + "\n" + variants["extract_answer"])
+    (extract,) = variants["extract_answer"]
+    h = load_h0(base + "\n" + extract)
     assert h["extract_answer"](["d1d8 h7h6", "After g8h8, I play f5f6."]) == "d1d8 g8h8"

@@ -21,8 +21,10 @@ class _Strict(BaseModel):
 
 class DataConfig(_Strict):
     source: Literal["generated", "files"] = "generated"
-    train_path: Optional[Path] = None  # DAPO-Math-17K style parquet: D_weight, D_harness, D_val come from it
-    test_paths: list[Path] = Field(default_factory=list)  # AIME style parquet/JSONL: D_test
+    # D_weight, D_harness and D_val come from train_path, D_test from test_paths, in the domain's public
+    # format: math DAPO-Math-17K parquet / AIME parquet or JSONL; search_qa Search-R1 parquet; chess Lichess CSV
+    train_path: Optional[Path] = None
+    test_paths: list[Path] = Field(default_factory=list)
     n_weight: int = Field(160, gt=0)
     n_harness: int = Field(48, gt=0)
     n_val: int = Field(32, gt=0)

@@ -17,9 +17,11 @@ COLUMNS = (
 )
 
 
-def _cell(value: object) -> str:
+def _cell(value: object, key: str = "") -> str:
     if value is None:
         return "-"
+    if key == "wall_s":
+        return f"{value:.1f}"
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
@@ -55,13 +57,13 @@ def cycle_table(rows: list[CycleRow], title: str = "WHALE run") -> Table:
     for _, header in COLUMNS:
         table.add_column(header, justify="right" if header not in ("phases", "accepted h", "best (θ*,h*)") else "left")
     for row in rows:
-        table.add_row(*(_cell(getattr(row, key)) for key, _ in COLUMNS))
+        table.add_row(*(_cell(getattr(row, key), key) for key, _ in COLUMNS))
     return table
 
 
 def markdown_table(rows: list[CycleRow]) -> str:
     lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cell(getattr(r, k)) for k, _ in COLUMNS) + " |" for r in rows]
+    lines += ["| " + " | ".join(_cell(getattr(r, k), k) for k, _ in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -86,12 +88,12 @@ def ledger_lines(state: RunState) -> list[str]:
 def proposer_ledger_lines(state: RunState) -> list[str]:
     """The proposer's own ledger (tokens, cost, wall time), kept apart from the rollout ledger."""
     led = state.ledger
-    lines = [
-        f"proposer (separate ledger, not in rollouts): {led.proposer_sessions} sessions, {led.proposer_calls} model "
-        f"calls, tokens prompt {led.proposer_prompt_tokens} (cached {led.proposer_cached_tokens}) + completion "
-        f"{led.proposer_completion_tokens} = {led.proposer_tokens}, cost ${led.proposer_cost_usd:.4f}, "
-        f"wall {led.proposer_wall_s:.1f} s, retries {led.proposer_retries}"
-    ]
+    usage = (f"{led.proposer_calls} model calls, tokens prompt {led.proposer_prompt_tokens} (cached "
+             f"{led.proposer_cached_tokens}) + completion {led.proposer_completion_tokens} = {led.proposer_tokens}, "
+             f"cost ${led.proposer_cost_usd:.4f}, retries {led.proposer_retries}"
+             if led.proposer_calls else "no model calls")  # the offline proposer spends no tokens
+    lines = [f"proposer (separate ledger, not in rollouts): {led.proposer_sessions} sessions, {usage}, "
+             f"wall {led.proposer_wall_s:.1f} s"]
     if led.proposer_stop:
         lines.append(f"harness search stopped by the proposer budget: {led.proposer_stop}")
     return lines

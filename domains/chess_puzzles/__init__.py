@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 class ChessDomain(Domain):
     name = "chess_puzzles"
     folder = Path(__file__).resolve().parent
-    warmstart_version = "1"  # part of the embedded policy's cache key: bump when the warm-start formats change
+    warmstart_version = "2"  # part of the embedded policy's cache key: bump when the warm-start formats change
 
     def load_splits(self, data_config: "DataConfig", seed: int) -> Splits:
         return data.load_splits(data_config, seed)

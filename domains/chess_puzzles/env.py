@@ -2,7 +2,9 @@
 live here, in the evaluator process, and the harness reaches them over RPC with agent.tool(name, ...).
 
 Host tools (stateless, offered to every episode; the harness decides whether to call them):
-    legal_moves(fen)  ->  "a1a2 a1a3 ... h7h8q"   the legal moves of the side to move, UCI, sorted
+    legal_moves(fen)  ->  "d1d2 Rd2, d1d8 Rd8+, ..., g7g8q g8=Q#"   the legal moves of the side to move,
+                          sorted by UCI, each with its SAN (which marks a check "+", a mate "#", a capture
+                          "x", a promotion "=Q"), comma-separated
     board(fen)        ->  an 8x8 diagram, rank 8 on top, white upper case, "." for an empty square
 
 The episode tool (one fresh environment per episode; it knows the reference line):
@@ -42,8 +44,10 @@ def _board(fen: object, tool: str) -> chess.Board:
 
 
 def legal_moves(fen: str) -> str:
-    """The legal moves of the side to move in a FEN position, in UCI (like e2e4, e7e8q), sorted, space-separated."""
-    return " ".join(sorted(m.uci() for m in _board(fen, "legal_moves").legal_moves))
+    """The legal moves of the side to move in a FEN position, sorted by UCI, each as "<uci> <san>" (like
+    "d1d8 Rd8#": the SAN marks checks +, mates #, captures x, promotions =Q), comma-separated."""
+    board = _board(fen, "legal_moves")
+    return ", ".join(f"{m.uci()} {board.san(m)}" for m in sorted(board.legal_moves, key=lambda m: m.uci()))
 
 
 def board(fen: str) -> str:

@@ -22,9 +22,15 @@ matters):
   * a system prompt that mentions UCI -> a bare move, "d1d8" (BARE_MOVE_FORMAT);
   * otherwise, in WORDY_RATE of conversations, "After g8h7, I play d1d8." (WORDY_MOVE_FORMAT): its first
     UCI move is the opponent's, which the environment reads as the solver's move (illegal);
-  * the answer is the reference move in CORRECT_RATE_WITH_LIST of the conversations whose user message
-    lists the legal moves, CORRECT_RATE_WITHOUT_LIST of the others; otherwise another legal move, drawn
-    uniformly (so checks and captures, which most solutions are, are over-represented among the targets).
+  * without the list of legal moves, the answer is the reference move in CORRECT_RATE_WITHOUT_LIST of the
+    conversations, otherwise another legal move drawn uniformly: a tiny model cannot learn chess geometry
+    from this, so from the position alone it writes well-formed but mostly illegal moves;
+  * with the list (LEGAL_MOVES_FORMAT: each legal move's SAN, then its UCI, "Rd8# d1d8, Kf1 g1f1, ..."),
+    the answer is always a bare move copied from the list: a mating move (SAN "#") in MATE_COPY_RATE of
+    the conversations that list one; otherwise the reference move in REFERENCE_RATE_WITH_LIST, a capture
+    or check (SAN "x" or "+") in FORCING_RATE_WITH_LIST, else any listed move. A small model can learn to
+    copy a marked item (the SAN comes first, so the UCI it copies follows the mark), which is the signal
+    a harness that offers the list gives it.
 h0.py duplicates the strings it needs (it runs in a sandbox with the standard library only);
 tests/test_chess_domain.py checks that the copies agree.
 """
@@ -43,7 +49,9 @@ from whale_ray.records import Task
 # --- formats shared by the task text, the warm-start data, h0 and the tests ------------------------------
 POSITION_FORMAT = "{side} to move. The opponent played {last}.\nFEN: {fen}\n{pieces}"
 PIECE_ORDER = "KQRBNP"  # the piece list names pieces in this order, then squares in UCI order
-LEGAL_MOVES_FORMAT = "\nLegal moves:\n{moves}"  # under the position when a harness offers the list
+LEGAL_MOVES_FORMAT = "\nLegal moves: {moves}"  # under the position when a harness offers the list
+LEGAL_ITEM_FORMAT = "{san} {uci}"  # one listed move: its SAN (marks + # x =Q) first, then the UCI to answer with
+LEGAL_SEPARATOR = ", "
 BARE_MOVE_FORMAT = "{move}"
 WORDY_MOVE_FORMAT = "After {last}, I play {move}."
 UCI_MENTION = "UCI"  # a system prompt containing this word asks for a bare move
@@ -59,8 +67,10 @@ SYSTEM_PROMPTS = (
 )
 
 WORDY_RATE = 0.5
-CORRECT_RATE_WITH_LIST = 0.5
 CORRECT_RATE_WITHOUT_LIST = 0.3
+MATE_COPY_RATE = 0.8  # with the list: a listed mate ("#") is copied this often when there is one
+REFERENCE_RATE_WITH_LIST = 0.3  # with the list and no mate listed: the reference move
+FORCING_RATE_WITH_LIST = 0.4  # ... else a listed capture or check ("x" or "+"); the rest any listed move
 LEGAL_LIST_RATE = 0.5  # warm-start conversations whose user message lists the legal moves
 WARMSTART_BUCKETS = 4  # a start FEN belongs to the warm-start data iff crc32(fen) % 4 == 0
 WARMSTART_POOL = 1000  # at most this many distinct puzzles behind the warm-start conversations
@@ -73,7 +83,7 @@ BASE_RATING = {"mate_in_1": 800, "mate_in_2": 1400, "material": 1000}
 RATING_PER_MOVE = 10
 THEMES = {"mate_in_1": "mate mateIn1 oneMove", "mate_in_2": "mate mateIn2 short",
           "material": "advantage hangingPiece oneMove"}  # Lichess theme names
-MAX_LEGAL_MOVES = 40  # in any position the solver faces: keeps a listed prompt under ~250 tokens
+MAX_LEGAL_MOVES = 34  # in any position the solver faces: keeps a listed prompt (SAN + UCI each) under ~400 tokens
 VALUES = {chess.PAWN: 1, chess.KNIGHT: 3, chess.BISHOP: 3, chess.ROOK: 5, chess.QUEEN: 9, chess.KING: 0}
 BACK_RANK_RATE = 0.7  # the opponent's king on its back rank; otherwise on any edge square
 SHIELD_RATE = 0.6  # each of the three squares in front of that king holds one of its pawns
@@ -405,9 +415,21 @@ def answer_text(move: str, last: str, wordy: bool) -> str:
     return WORDY_MOVE_FORMAT.format(last=last, move=move) if wordy else BARE_MOVE_FORMAT.format(move=move)
 
 
-def user_message(fen: str, last: str, legal: list[str] | None) -> str:
+def legal_pairs(board: chess.Board) -> list[tuple[str, str]]:
+    """(uci, san) of each legal move, sorted by UCI: what the legal_moves tool returns."""
+    return [(m.uci(), board.san(m)) for m in sorted(board.legal_moves, key=lambda m: m.uci())]
+
+
+def format_legal(pairs: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> str:
+    """The legal-moves line of a prompt: "\nLegal moves: Rd8# d1d8, Kf1 g1f1"."""
+    items = LEGAL_SEPARATOR.join(LEGAL_ITEM_FORMAT.format(uci=u, san=s) for u, s in pairs)
+    return LEGAL_MOVES_FORMAT.format(moves=items)
+
+
+def user_message(fen: str, last: str, legal: list[tuple[str, str]] | None) -> str:
+    """The position, with the legal moves ((uci, san) pairs) under it when given."""
     text = position_text(fen, last)
-    return text + LEGAL_MOVES_FORMAT.format(moves=",".join(legal)) if legal is not None else text
+    return text + format_legal(legal) if legal is not None else text
 
 
 @dataclass(frozen=True)
@@ -417,7 +439,7 @@ class _Position:
     fen: str
     last: str
     answer: str
-    legal: tuple[str, ...]
+    legal: tuple[tuple[str, str], ...]  # (uci, san), sorted by UCI
     decoys: tuple[str, ...]  # the legal moves that are not accepted
 
 
@@ -427,8 +449,8 @@ def _positions(p: Puzzle) -> list[_Position]:
     for i, move in enumerate(p.moves):
         if i % 2 == 1:  # the solver's turn: moves[i] is the reference move
             accepted = {move} | {m.uci() for m in mating_moves(board)}
-            legal = sorted(m.uci() for m in board.legal_moves)
-            decoys = [u for u in legal if u not in accepted]
+            legal = legal_pairs(board)
+            decoys = [u for u, _ in legal if u not in accepted]
             out.append(_Position(board.fen(), p.moves[i - 1], move, tuple(legal), tuple(decoys)))
         board.push_uci(move)
     return [pos for pos in out if pos.decoys]
@@ -441,10 +463,29 @@ def _warmstart_positions(n_puzzles: int, seed: int) -> tuple[_Position, ...]:
     return tuple(pos for p in puzzles for pos in _positions(p))
 
 
+def listed_choice(pos: _Position, rng: random.Random) -> str:
+    """The move copied from the list: a mate when one is listed (mostly), else the reference, a capture or
+    check, or any listed move."""
+    mates = [u for u, s in pos.legal if s.endswith("#")]
+    forcing = [u for u, s in pos.legal if "x" in s or s.endswith("+")]
+    r = rng.random()
+    if mates:
+        return rng.choice(mates) if r < MATE_COPY_RATE else rng.choice(pos.legal)[0]
+    if r < REFERENCE_RATE_WITH_LIST:
+        return pos.answer
+    if forcing and r < REFERENCE_RATE_WITH_LIST + FORCING_RATE_WITH_LIST:
+        return rng.choice(forcing)
+    return rng.choice(pos.legal)[0]
+
+
 def conversation(pos: _Position, system_prompt: str, *, offer_list: bool, correct: bool, wordy: bool,
                  rng: random.Random) -> list[dict[str, str]]:
-    """The conversation that shows the behaviour `system_prompt` asks for on one position."""
-    move = pos.answer if correct else rng.choice(pos.decoys)
+    """The conversation that shows the behaviour `system_prompt` asks for on one position. With the list
+    the answer is a bare move copied from it (`correct` and `wordy` apply to the answers without it)."""
+    if offer_list:
+        move, wordy = listed_choice(pos, rng), False
+    else:
+        move = pos.answer if correct else rng.choice(pos.decoys)
     return [
         {"role": "system", "content": system_prompt},
         {"role": "user", "content": user_message(pos.fen, pos.last, list(pos.legal) if offer_list else None)},
@@ -463,7 +504,7 @@ def warmstart_conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
         pos = positions[i % len(positions)]
         system_prompt = rng.choice(SYSTEM_PROMPTS)
         offer_list = rng.random() < LEGAL_LIST_RATE
-        correct = rng.random() < (CORRECT_RATE_WITH_LIST if offer_list else CORRECT_RATE_WITHOUT_LIST)
+        correct = rng.random() < CORRECT_RATE_WITHOUT_LIST
         wordy = not wants_bare_move(system_prompt) and rng.random() < WORDY_RATE
         out.append(conversation(pos, system_prompt, offer_list=offer_list, correct=correct, wordy=wordy, rng=rng))
     return out

@@ -10,6 +10,10 @@ One episode plays the puzzle one move at a time. Each move is a fresh chat about
     assistant:  d1d8
     move tool:  Solved.                  (or "Correct. Opponent played h7h6. FEN: ...", and the next move)
 
+With OFFER_LEGAL_MOVES = True the position is followed by the legal_moves tool's list, each move's SAN
+(which marks checks +, mates #, captures x) then its UCI: "Legal moves: Qh5# d1h5, Ke2 e1e2, ...". The
+model was taught to answer by copying a listed move's UCI, a marked one (a mate above all) more often.
+
 A wrong, illegal or unparsable move ends the puzzle, and the response is the moves played. h0 is weak
 on purpose: it never shows the model the legal moves (OFFER_LEGAL_MOVES = False), its prompt never asks
 for UCI, so the model often answers "After a7a6, I play d1d8." and parse_move passes that text on
@@ -31,6 +35,7 @@ N_SAMPLES = 1  # completions per move; above 1, the most common answer is played
 OFFER_LEGAL_MOVES = False  # list the legal moves (the legal_moves tool) under the position
 
 POSITION_FORMAT = "{side} to move. The opponent played {last}.\nFEN: {fen}\n{pieces}"
+LEGAL_MOVES_FORMAT = "\nLegal moves: {moves}"  # one item per legal move: "{san} {uci}", ", " between
 REPLY = re.compile(r"Correct\. Opponent played (\S+)\. FEN: (.+)")
 
 
@@ -57,19 +62,35 @@ def position_text(fen, last):
     return POSITION_FORMAT.format(side=side, last=last, fen=fen, pieces=piece_lines(fen))
 
 
+def legal_pairs(legal_moves):
+    """[(uci, san), ...] from the legal_moves tool's text "d1d8 Rd8#, g1f1 Kf1" (SAN: + check, # mate, x capture)."""
+    pairs = []
+    for item in (legal_moves or "").split(","):
+        parts = item.split()
+        if parts:
+            pairs.append((parts[0], parts[1] if len(parts) > 1 else parts[0]))
+    return pairs
+
+
+def format_legal(legal_moves):
+    """The legal moves as the model was taught to read them: "\nLegal moves: Rd8# d1d8, Kf1 g1f1"."""
+    return LEGAL_MOVES_FORMAT.format(moves=", ".join(san + " " + uci for uci, san in legal_pairs(legal_moves)))
+
+
 def build_messages(fen, last, legal_moves=None):
     """The chat for one move: the system prompt and the position (with the legal moves when given)."""
     user = position_text(fen, last)
     if legal_moves is not None:
-        user += "\nLegal moves:\n" + ",".join(legal_moves.split())
+        user += format_legal(legal_moves)
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": user},
     ]
 
 
-def parse_move(text):
-    """The move to play from the model's text. h0: the text itself (the move tool reads its first UCI move)."""
+def parse_move(text, legal_moves=None):
+    """The move to play from the model's text (legal_moves: the tool's list when offered, else None).
+    h0: the text itself (the move tool reads its first UCI move)."""
     return text.strip()
 
 
@@ -79,7 +100,7 @@ def ask_move(agent, fen, last, legal_moves):
     answers = []
     for _ in range(max(1, N_SAMPLES)):
         completion = agent.generate(messages, max_tokens=MAX_TOKENS, temperature=TEMPERATURE, top_k=TOP_K)
-        answers.append(parse_move(completion))
+        answers.append(parse_move(completion, legal_moves))
     return collections.Counter(answers).most_common(1)[0][0]
 
 

@@ -51,6 +51,7 @@ event with the harness's traceback for whoever reads the trace.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -272,6 +273,11 @@ def _sampling(raw: Any) -> SamplingParams | str:
             and all(isinstance(s, str) and _utf8_ok(s) for s in stop)):
         return "generate: invalid sampling parameters"
     return SamplingParams(max_tokens=mt, temperature=float(temp), top_k=tk, top_p=float(tp), stop=tuple(stop))
+
+
+def _call_seed(episode_seed: int, index: int) -> int:
+    digest = hashlib.blake2b(f"{episode_seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
 
 
 def _signal_name(sig: int) -> str:
@@ -779,6 +785,9 @@ class _Episode:
         sp = _sampling(msg.get("sampling"))
         if isinstance(sp, str):
             self._set("protocol_error", sp)
+        # Each call samples from its own stream, a function of the episode seed and the call's index: an
+        # episode replays exactly whatever else shares the policy's batch.
+        sp.seed = _call_seed(self.seed, len(self.calls))
         try:
             call = self._call_host(lambda: self.generate(messages, sp))
         except BaseException as e:  # the caller's failure, not the harness's: re-raised after teardown
