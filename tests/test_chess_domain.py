@@ -33,6 +33,7 @@ H0_KNOBS = {
     "N_SAMPLES": 1,
     "OFFER_LEGAL_MOVES": False,
     "POSITION_FORMAT": "{side} to move. The opponent played {last}.\nFEN: {fen}\n{pieces}",
+    "LEGAL_MOVES_FORMAT": "\nLegal moves: {moves}",
 }
 
 # Rows in the public format. The first two are the first rows of the Lichess puzzle database.
