@@ -535,6 +535,16 @@ def test_make_proposer() -> None:
         make_proposer("oracle")
 
 
+
+def test_offline_dedupe_scope_comes_from_the_config() -> None:
+    from whale_ray.config import load_config
+    from whale_ray.proposers import proposer_options
+
+    cfg = load_config(None, {"harness_phase.offline_dedupe": "weight_version"})
+    assert make_proposer("offline", **proposer_options(cfg.harness_phase)).dedupe == "weight_version"
+    assert make_proposer("offline", **proposer_options(load_config().harness_phase)).dedupe == "archive"
+
+
 # --------------------------------------------------------------------------------------- the actor
 
 

@@ -109,6 +109,9 @@ class HarnessPhaseConfig(_Strict):
     proposer: Literal["offline", "llm", "agent-cli"] = "offline"
     rollouts_per_example: int = Field(1, gt=0)
     noise_margin: float = Field(0.0, ge=0)
+    # offline: "archive" never re-proposes code any candidate had; "weight_version" may re-propose code that
+    # was only scored under older weights (a harness that lost under old weights may win under new ones)
+    offline_dedupe: Literal["archive", "weight_version"] = "archive"
     # The proposer's endpoint: llm talks to it; agent-cli gets `model` as {model} and the key named by api_key_env.
     endpoint: "EndpointConfig" = Field(default_factory=lambda: EndpointConfig())
     llm: LLMProposerConfig = Field(default_factory=LLMProposerConfig)

@@ -20,7 +20,7 @@ def proposer_options(harness_phase: Any) -> dict[str, Any]:
     """The keyword arguments `make_proposer(kind, ...)` needs for a config's `harness_phase` (JSON-able,
     so they can travel to the HarnessProposer actor)."""
     if harness_phase.proposer == "offline":
-        return {}
+        return {"dedupe": harness_phase.offline_dedupe}
     return {"config": harness_phase.model_dump(mode="json")}
 
 
