@@ -12,10 +12,11 @@ A domain lives in `domains/<name>/` with the same parts everywhere:
 from __future__ import annotations
 
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from whale_ray.records import Task
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from whale_ray.records import EpisodeResult
 
 DOMAIN_NAMES = ("math_reasoning", "search_qa", "chess_puzzles")
+
+log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
@@ -51,6 +54,45 @@ class Splits:
 
     def sizes(self) -> dict[str, int]:
         return {role: len(getattr(self, role)) for role in ("weight", "harness", "val", "test")}
+
+
+def split_sizes(data: "DataConfig") -> dict[str, int]:
+    """The configured size of each split, keyed like the fields of Splits."""
+    return {"weight": data.n_weight, "harness": data.n_harness, "val": data.n_val, "test": data.n_test}
+
+
+def distinct_questions(tasks: Iterable[Task]) -> list[Task]:
+    """The first task of each question text, in order."""
+    seen: set[str] = set()
+    out = []
+    for t in tasks:
+        if t.question.strip() not in seen:
+            seen.add(t.question.strip())
+            out.append(t)
+    return out
+
+
+def without_test_questions(train: list[Task], test: list[Task], train_path: Path | None, noun: str) -> list[Task]:
+    """`train` without the questions of D_test; how many were dropped is logged."""
+    test_questions = {t.question.strip() for t in test}
+    clean = [t for t in train if t.question.strip() not in test_questions]
+    if len(clean) < len(train):
+        log.warning("data file %s: %d %s also in the test files left out of training", train_path,
+                    len(train) - len(clean), noun)
+    return clean
+
+
+def train_splits(train: list[Task], test: list[Task], data: "DataConfig", noun: str) -> Splits:
+    """D_val, D_harness and D_weight, in that order, from the front of `train` (shuffled, free of D_test)."""
+    val = train[: data.n_val]
+    harness = train[len(val) : len(val) + data.n_harness]
+    weight = train[len(val) + len(harness) : len(val) + len(harness) + data.n_weight]
+    if not weight:
+        raise DataError(
+            f"data file {data.train_path}: {len(train)} usable {noun} are too few; D_val ({data.n_val}) and "
+            f"D_harness ({data.n_harness}) are taken first and D_weight needs at least one more"
+        )
+    return Splits(weight=weight, harness=harness, val=val, test=test)
 
 
 class Domain(ABC):

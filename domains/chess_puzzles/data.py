@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import chess
 
-from whale_ray.domain import DataError, Splits
+from whale_ray.domain import DataError, Splits, split_sizes, train_splits
 from whale_ray.records import Task
 
 from . import generator
@@ -213,30 +213,16 @@ def load_tasks(path: Path | str) -> list[Task]:
 # --- splits ----------------------------------------------------------------------------------------------
 
 
-def _generated_splits(data: "DataConfig", seed: int) -> Splits:
-    sizes = {"weight": data.n_weight, "harness": data.n_harness, "val": data.n_val, "test": data.n_test}
-    s = generator.generate_splits(sizes, seed)
-    return Splits(weight=s["weight"], harness=s["harness"], val=s["val"], test=s["test"])
-
-
 def _file_splits(data: "DataConfig", seed: int) -> Splits:
     assert data.train_path is not None  # DataConfig checks it for source "files"
     test = sample_tasks(list(data.test_paths), data.n_test, seed)
     wanted = data.n_val + data.n_harness + data.n_weight
     train = sample_tasks([data.train_path], wanted, seed, exclude={t.question for t in test})
-    val = train[: data.n_val]
-    harness = train[len(val) : len(val) + data.n_harness]
-    weight = train[len(val) + len(harness) :]
-    if not weight:
-        raise DataError(
-            f"data file {data.train_path}: {len(train)} usable puzzles are too few; D_val ({data.n_val}) and "
-            f"D_harness ({data.n_harness}) are taken first and D_weight needs at least one more"
-        )
-    return Splits(weight=weight, harness=harness, val=val, test=test)
+    return train_splits(train, test, data, "puzzles")
 
 
 def load_splits(data: "DataConfig", seed: int) -> Splits:
     """Disjoint D_weight / D_harness / D_val / D_test from the generator or from Lichess CSV files."""
     if data.source == "generated":
-        return _generated_splits(data, seed)
+        return Splits(**generator.generate_splits(split_sizes(data), seed))
     return _file_splits(data, seed)

@@ -33,7 +33,14 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from whale_ray.domain import DataError, Splits
+from whale_ray.domain import (
+    DataError,
+    Splits,
+    distinct_questions,
+    split_sizes,
+    train_splits,
+    without_test_questions,
+)
 from whale_ray.records import Task
 
 from . import generator
@@ -199,43 +206,18 @@ def stratified_sample(tasks: list[Task], n: int, seed: int) -> list[Task]:
 # --- splits ----------------------------------------------------------------------------------------
 
 
-def _generated_splits(data: "DataConfig", seed: int) -> Splits:
-    sizes = {"weight": data.n_weight, "harness": data.n_harness, "val": data.n_val, "test": data.n_test}
-    s = generator.generate_splits(sizes, seed)
-    return Splits(weight=s["weight"], harness=s["harness"], val=s["val"], test=s["test"])
-
-
 def _file_splits(data: "DataConfig", seed: int) -> Splits:
     """D_test: n_test questions of the test files, spread evenly over their benchmarks; D_val, D_harness
     and D_weight, in that order, from a seeded shuffle of the train file without the test questions."""
     assert data.train_path is not None  # DataConfig checks it for source "files"
-    test_all: list[Task] = []
-    test_questions: set[str] = set()
-    for p in data.test_paths:
-        for t in load_questions(p):
-            if t.question.strip() not in test_questions:
-                test_questions.add(t.question.strip())
-                test_all.append(t)
-    test = stratified_sample(test_all, data.n_test, seed)
-    train = load_questions(data.train_path)
-    clean = [t for t in train if t.question.strip() not in test_questions]
-    if len(clean) < len(train):
-        log.warning("data file %s: %d questions also in the test files left out of training", data.train_path,
-                    len(train) - len(clean))
+    test_all = distinct_questions(t for p in data.test_paths for t in load_questions(p))
+    clean = without_test_questions(load_questions(data.train_path), test_all, data.train_path, "questions")
     random.Random(f"whale-search-train:{seed}").shuffle(clean)
-    val = clean[: data.n_val]
-    harness = clean[len(val): len(val) + data.n_harness]
-    weight = clean[len(val) + len(harness): len(val) + len(harness) + data.n_weight]
-    if not weight:
-        raise DataError(
-            f"data file {data.train_path}: {len(clean)} usable questions are too few; D_val ({data.n_val}) and "
-            f"D_harness ({data.n_harness}) are taken first and D_weight needs at least one more"
-        )
-    return Splits(weight=weight, harness=harness, val=val, test=test)
+    return train_splits(clean, stratified_sample(test_all, data.n_test, seed), data, "questions")
 
 
 def load_splits(data: "DataConfig", seed: int) -> Splits:
     """Disjoint D_weight / D_harness / D_val / D_test from the generator or from Search-R1 files."""
     if data.source == "generated":
-        return _generated_splits(data, seed)
+        return Splits(**generator.generate_splits(split_sizes(data), seed))
     return _file_splits(data, seed)
