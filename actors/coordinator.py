@@ -345,7 +345,7 @@ class Coordinator:
     def finish_cycle(self, cycle: int, phases: list[Phase], wall_s: float) -> None:
         accepted = self.state.accepted_harness
         self._set_progress(phase="select", detail="D_val")
-        val = self.evaluate_split("val", accepted, self.cfg.eval.val_samples)
+        val, _ = self.evaluate_split("val", accepted, self.cfg.eval.val_samples)
         best = self.state.best
         if best is None or val > best.val:
             best = Selection(weight_version=self.state.weight_version, checkpoint=self.state.checkpoint,
@@ -353,8 +353,8 @@ class Coordinator:
         self._set_progress(phase="report", detail="D_test mean@8")
         # theta* is the current policy whenever the best just changed, so its test score is computed
         # under loaded weights; an older best's score is already in the cache.
-        test = self.evaluate_split("test", best.harness_id, self.cfg.eval.test_samples, version=best.weight_version)
-        test_key = f"test|v{best.weight_version}|{best.harness_id}|{self.cfg.eval.test_samples}"
+        test, test_metrics = self.evaluate_split("test", best.harness_id, self.cfg.eval.test_samples,
+                                                 version=best.weight_version)
         rewards = self._weight_rewards(cycle)
         spent, start = self.state.ledger, self.state.cycle_start or self.state.ledger
         row = CycleRow(
@@ -366,7 +366,7 @@ class Coordinator:
             harness_success=(self.archive.get(accepted).scores or {}).get("success_rate"),
             weight_version=self.state.weight_version, val=val, best_val=best.val,
             best=f"v{best.weight_version}+{best.harness_id}", test_mean8=test, wall_s=round(wall_s, 1),
-            test_metrics=self.state.eval_metrics.get(test_key, {}),
+            test_metrics=test_metrics,
         )
         self.state.best = best
         self.state.history.append(row)
@@ -377,7 +377,9 @@ class Coordinator:
         if self._on_cycle is not None:
             self._on_cycle(row)
 
-    def evaluate_split(self, split: str, harness_id: str, samples: int, version: int | None = None) -> float:
+    def evaluate_split(self, split: str, harness_id: str, samples: int,
+                       version: int | None = None) -> tuple[float, dict[str, float]]:
+        """Mean reward and split_metrics of `samples` episodes per task; cached per (split, version, harness)."""
         version = self.state.weight_version if version is None else version
         key = f"{split}|v{version}|{harness_id}|{samples}"
         if key not in self.state.eval_cache:
@@ -388,7 +390,7 @@ class Coordinator:
             self.state.eval_cache[key] = sum(r.reward for r in rollouts) / len(rollouts)
             self.state.eval_metrics[key] = split_metrics(rollouts, {t.id: t for t in tasks})
             self.state.save(self.run_dir)
-        return self.state.eval_cache[key]
+        return self.state.eval_cache[key], self.state.eval_metrics.get(key, {})
 
     # ---------------------------------------------------------------------------- rollouts
     def rollout(self, harness_id: str, tasks: list[Task], *, samples: int, phase: str, cycle: int,

@@ -22,6 +22,14 @@ SMALL = {
 }
 
 
+def load_harness(folder: Path, source: str | None = None) -> dict:
+    """A harness loaded the way the sandbox does (from its source text, in a fresh namespace): `source`, else
+    the h0.py of the domain `folder`; in process, for unit tests of its functions."""
+    namespace: dict = {"__name__": "harness"}
+    exec(compile(source or (Path(folder) / "h0.py").read_text(), "h0.py", "exec"), namespace)
+    return namespace
+
+
 def small_config(run_dir: Path, **overrides) -> WhaleConfig:
     values = {**SMALL, "run_dir": str(run_dir), **{k.replace("__", "."): v for k, v in overrides.items()}}
     cfg = load_config(None, values)

@@ -17,6 +17,7 @@ import chess
 import pytest
 
 from domains.chess_puzzles import DOMAIN, ChessDomain, data, env, generator, tools, verifier
+from tests.conftest import load_harness
 from whale_ray.config import DataConfig
 from whale_ray.domain import DataError, Domain, get_domain
 from whale_ray.proposer import parse_skill
@@ -65,10 +66,7 @@ def task(puzzle) -> Task:
 
 
 def load_h0(source: str | None = None) -> dict:
-    """Load the harness the way the sandbox does: from its source text, in a fresh namespace."""
-    namespace: dict = {"__name__": "harness"}
-    exec(compile(source or (FOLDER / "h0.py").read_text(), "h0.py", "exec"), namespace)
-    return namespace
+    return load_harness(FOLDER, source)
 
 
 class ToolError(Exception):

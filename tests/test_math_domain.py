@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from domains.math_reasoning import DOMAIN, MathDomain, data, generator, tools, verifier
+from tests.conftest import load_harness
 from whale_ray.config import DataConfig
 from whale_ray.domain import DataError, Domain, Splits, get_domain
 from whale_ray.records import Task
@@ -73,10 +74,7 @@ def write_jsonl(path: Path, lines: list[str]) -> Path:
 
 
 def load_h0(source: str | None = None) -> dict:
-    """Load the harness the way the sandbox does: from its source text, in a fresh namespace."""
-    namespace: dict = {"__name__": "harness"}
-    exec(compile(source or (FOLDER / "h0.py").read_text(), "h0.py", "exec"), namespace)
-    return namespace
+    return load_harness(FOLDER, source)
 
 
 class ToolError(Exception):

@@ -22,6 +22,7 @@ import pytest
 
 from domains.search_qa import DOMAIN, SearchQADomain, data, generator, retrieval, tools, verifier
 from domains.search_qa.retrieval import BM25Retriever, HTTPRetriever, Passage, RetrievalError
+from tests.conftest import load_harness
 from whale_ray.config import DataConfig, JudgeConfig, load_config
 from whale_ray.domain import DataError, Domain, get_domain
 from whale_ray.proposer import parse_skill
@@ -83,9 +84,7 @@ def corpus_passages() -> list[Passage]:
 
 
 def load_h0(source: str | None = None) -> dict:
-    namespace: dict = {"__name__": "harness"}
-    exec(compile(source or (FOLDER / "h0.py").read_text(), "h0.py", "exec"), namespace)
-    return namespace
+    return load_harness(FOLDER, source)
 
 
 class ToolError(Exception):
