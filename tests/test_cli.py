@@ -85,3 +85,20 @@ def test_doctor_lists_every_layer(tmp_path):
         assert layer in result.stdout
     layers = [line for line in result.stdout.splitlines() if line.startswith("[")]
     assert result.returncode == (0 if all(line.startswith("[ok]") for line in layers) else 1), result.stdout
+
+
+def test_build_policy_fills_the_cache_and_names_a_bad_domain(tmp_path):
+    env = {"COLUMNS": "400", "PATH": "/usr/bin:/bin", "WHALE_CACHE": str(tmp_path / "cache")}
+
+    def build(*args):
+        return subprocess.run([sys.executable, "-m", "whale_ray.cli", "build-policy", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=env)
+
+    bad = build("--domain", "chemistry")
+    assert bad.returncode == 2 and "unknown domain 'chemistry'" in bad.stdout
+    assert not (tmp_path / "cache").exists()
+    good = build("--domain", "math_reasoning", "--steps", "0")
+    assert good.returncode == 0, good.stdout + good.stderr
+    built = list((tmp_path / "cache").glob("tiny-math_reasoning-*"))
+    assert len(built) == 1 and (built[0] / "config.json").is_file()
+    assert f"{built[0]}  (built on cpu" in good.stdout
