@@ -6,26 +6,25 @@ evaluators and can grow or shrink between phases (elastic rollouts).
 
 from __future__ import annotations
 
+import logging
+import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 
 from whale_ray.config import SandboxConfig
 from whale_ray.domain import get_domain
-from whale_ray.records import EpisodeResult, ModelCall, SamplingParams, Task
+from whale_ray.records import EpisodeJob, EpisodeResult, ModelCall, SamplingParams
 from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
+from whale_ray.sandbox.runner import MAX_ERROR_REASON
+
+log = logging.getLogger(__name__)
 
 # A run's actors are placed anywhere on the cluster, never inside a caller's placement group (a Tune
 # trial's, say), whose reservation was not sized for them.
 CLUSTER = "DEFAULT"
-
-
-@dataclass(frozen=True)
-class EpisodeJob:
-    task: Task  # the evaluator is trusted; only task.public() enters the sandbox
-    seed: int
 
 
 class EpisodeRunner:
@@ -43,15 +42,28 @@ class EpisodeRunner:
         self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="episode")
 
     def run_episodes(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[EpisodeResult]:
-        futures = [
-            self._executor.submit(
-                run_episode, harness_source, job.task.public(), generate=self._generate, tools_path=self._tools_path,
+        futures = [self._executor.submit(self._one, harness_source, harness_name, job) for job in jobs]
+        return [f.result() for f in futures]
+
+    def _one(self, harness_source: str, harness_name: str, job: EpisodeJob) -> EpisodeResult:
+        """One episode. Defence in depth: whatever raises on the trusted side for this episode (its domain's
+        episode tools, the policy callback, a host bug) becomes this episode's `sandbox_error` with the
+        traceback in its reason, and the other episodes of the chunk, the phase and the run go on."""
+        t0 = time.monotonic()
+        try:
+            return run_episode(
+                harness_source, job.task.public(), generate=self._generate, tools_path=self._tools_path,
                 host_tools={**self._host_tools, **self._domain.episode_tools(job.task, self._services)},
                 limits=self._limits, seed=job.seed, harness_name=harness_name,
             )
-            for job in jobs
-        ]
-        return [f.result() for f in futures]
+        except Exception:
+            tb = traceback.format_exc()
+            log.error("episode of task %r (seed %d) failed on the host side:\n%s", job.task.id, job.seed, tb)
+            reason = f"the host failed on this episode (task {job.task.id!r}): {tb}"
+            if len(reason) > MAX_ERROR_REASON:
+                reason = reason[:200] + " ... " + reason[-(MAX_ERROR_REASON - 205):]
+            return EpisodeResult(status="sandbox_error", reason=reason, answer=None, calls=[], events=[],
+                                 wall_s=time.monotonic() - t0)
 
 
 @ray.remote(max_concurrency=64)
@@ -94,6 +106,23 @@ class EvaluatorPool:
     @property
     def size(self) -> int:
         return len(self._actors)
+
+    @property
+    def actors(self) -> list["ray.actor.ActorHandle"]:
+        return list(self._actors)
+
+    def run(self, work: list[Any], on_done: Any) -> list[list[EpisodeResult]]:
+        """Every job of every `whale_ray.loop.EpisodeWork` item, all submitted at once; `on_done(n)` per chunk."""
+        submitted = [self.submit(w.harness_source, w.harness_name, w.jobs) for w in work]
+        results: list[list[Any]] = [[None] * len(w.jobs) for w in work]
+        owner = {ref: (i, start) for i, refs in enumerate(submitted) for start, ref in refs}
+        while owner:
+            ready, _ = ray.wait(list(owner), num_returns=1)
+            i, start = owner.pop(ready[0])
+            chunk = ray.get(ready[0])
+            results[i][start:start + len(chunk)] = chunk
+            on_done(len(chunk))
+        return results
 
     def submit(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[tuple[int, ray.ObjectRef]]:
         """Returns (offset of the chunk's first job, ref to its results) pairs."""

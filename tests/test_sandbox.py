@@ -841,7 +841,7 @@ def test_limits_from_config_match_defaults():
 
 def test_every_status_is_a_known_one():
     assert {"ok", "timeout", "memory_limit", "output_limit", "protocol_error", "harness_exception",
-            "sandbox_setup_error", "crashed"} == set(STATUSES)
+            "sandbox_setup_error", "crashed", "sandbox_error"} == set(STATUSES)
 
 
 def test_doctor_reports_every_layer():

@@ -19,6 +19,7 @@ STATUSES = (
     "harness_exception",  # the harness raised
     "sandbox_setup_error",  # the sandbox could not be started
     "crashed",  # the child died without a result (signal, exit code)
+    "sandbox_error",  # the trusted side failed on this episode (a host bug); the traceback is in the reason
 )
 
 
@@ -35,6 +36,14 @@ class Task:
         """What the harness may see: everything but the gold answer and private meta (keys starting with '_')."""
         public_meta = {k: v for k, v in self.meta.items() if not k.startswith("_")}
         return {"id": self.id, "question": self.question, **public_meta}
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode to run: the evaluator is trusted; only task.public() enters the sandbox."""
+
+    task: Task
+    seed: int
 
 
 @dataclass
@@ -70,6 +79,8 @@ class EpisodeResult:
     wall_s: float
     # Every host/episode tool call as the trusted side saw it: {"name", "args", "output"} or {..., "error"}
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    # The kernel's count of the episode's memory at its peak (its cgroup's); None without the cgroup layer
+    peak_memory_bytes: int | None = None
 
     @property
     def turns(self) -> int:

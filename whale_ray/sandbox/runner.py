@@ -68,6 +68,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -86,6 +87,7 @@ _STDERR_TAIL = 4096
 _EXIT_GRACE_S = 1.0  # the channel closed without a result: how long to wait for the child's exit status
 _REAP_TIMEOUT_S = 5.0
 _MAX_REASON = 500
+MAX_ERROR_REASON = 4000  # sandbox_error reasons carry a traceback
 _HARNESS_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py$")
 _CHILD_SOURCE = Path(__file__).with_name("child.py").read_bytes()
 
@@ -225,7 +227,10 @@ def _module_name(harness_name: str) -> str:
 
 def _result(status: str, reason: str, t0: float, answer: str | None = None, calls: list[ModelCall] | None = None,
             events: list[dict[str, Any]] | None = None) -> EpisodeResult:
-    if len(reason) > _MAX_REASON:
+    if status == "sandbox_error":  # a host bug: keep the end of its traceback, where the failure is
+        if len(reason) > MAX_ERROR_REASON:
+            reason = "..." + reason[-(MAX_ERROR_REASON - 3):]
+    elif len(reason) > _MAX_REASON:
         reason = reason[: _MAX_REASON - 3] + "..."
     return EpisodeResult(status=status, reason=reason, answer=answer, calls=list(calls or []),
                          events=list(events or []), wall_s=time.monotonic() - t0)
@@ -249,7 +254,64 @@ def _is_int(x: Any) -> bool:
 
 
 def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    # ints are within int64 (see _decode), so float() and isfinite() cannot overflow
+    return _is_int(x) or (isinstance(x, float) and math.isfinite(x))
+
+
+class _BadFrame(ValueError):
+    """A frame the host refuses to interpret (the reason is the protocol_error reason)."""
+
+
+MAX_DEPTH = 32  # nesting of arrays/objects in one frame: traces and tool args are shallow
+_INT64 = 1 << 63
+
+
+def _no_constant(name: str) -> Any:
+    raise _BadFrame(f"the child sent {name}, which is not JSON")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 20:
+        raise _BadFrame(f"the child sent an integer of {len(text)} digits (the limit is 64-bit)")
+    value = int(text)
+    if not -_INT64 <= value < _INT64:
+        raise _BadFrame("the child sent an integer outside the 64-bit range")
+    return value
+
+
+def _decode(payload: bytes) -> dict[str, Any]:
+    """One frame's payload as a JSON object the rest of the host can trust the shape of: strict UTF-8,
+    no NaN/Infinity, 64-bit integers, nesting <= MAX_DEPTH, no lone surrogates in any string or key.
+    Raises _BadFrame (never anything else) with the reason."""
+    try:
+        text = payload.decode("utf-8")
+        msg = json.loads(text, parse_constant=_no_constant, parse_int=_bounded_int)
+    except _BadFrame:
+        raise
+    except RecursionError:
+        raise _BadFrame("the child sent an RPC message nested too deeply") from None
+    except Exception as e:  # UnicodeDecodeError, JSONDecodeError, anything else the decoder does
+        raise _BadFrame(f"the child sent a malformed RPC message (not UTF-8 JSON: {type(e).__name__})") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise _BadFrame("the child sent an RPC message without a type")
+    stack: list[tuple[Any, int]] = [(msg, 1)]
+    while stack:  # iterative: no recursion for the harness to exhaust
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            if not _utf8_ok(value):
+                raise _BadFrame("the child sent a string that is not valid Unicode text (lone surrogate)")
+        elif isinstance(value, float):
+            if not math.isfinite(value):  # 1e999 parses to inf without parse_constant
+                raise _BadFrame("the child sent a non-finite number")
+        elif isinstance(value, (list, dict)):
+            if depth > MAX_DEPTH:
+                raise _BadFrame(f"the child sent an RPC message nested deeper than {MAX_DEPTH} levels")
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for k, v in items:
+                if isinstance(k, str):
+                    stack.append((k, depth))
+                stack.append((v, depth + 1))
+    return msg
 
 
 def _check_messages(messages: Any) -> str | None:
@@ -267,9 +329,10 @@ def _sampling(raw: Any) -> SamplingParams | str:
         return "generate: malformed sampling parameters"
     sp = SamplingParams()
     mt, temp = raw.get("max_tokens", sp.max_tokens), raw.get("temperature", sp.temperature)
-    tk, tp, stop = raw.get("top_k", sp.top_k), raw.get("top_p", sp.top_p), raw.get("stop") or []
-    if not (_is_int(mt) and mt >= 1 and _is_num(temp) and temp >= 0 and _is_int(tk) and tk >= 0
-            and _is_num(tp) and 0 < tp <= 1 and isinstance(stop, list)
+    tk, tp, stop = raw.get("top_k", sp.top_k), raw.get("top_p", sp.top_p), raw.get("stop", [])
+    stop = [] if stop is None else stop
+    if not (_is_int(mt) and 1 <= mt < 1 << 31 and _is_num(temp) and 0 <= temp <= 1e6 and _is_int(tk)
+            and 0 <= tk < 1 << 31 and _is_num(tp) and 0 < tp <= 1 and isinstance(stop, list)
             and all(isinstance(s, str) and _utf8_ok(s) for s in stop)):
         return "generate: invalid sampling parameters"
     return SamplingParams(max_tokens=mt, temperature=float(temp), top_k=tk, top_p=float(tp), stop=tuple(stop))
@@ -318,6 +381,9 @@ def _raised_by_call(e: BaseException) -> bool:
 
 class _Done(Exception):
     """Ends the serve loop."""
+
+
+_ERROR_KINDS = {"exception": "harness_exception", "memory": "memory_limit", "protocol": "protocol_error"}
 
 
 # ------------------------------------------------------------------------------------- per-slot uids
@@ -461,6 +527,7 @@ class _Episode:
         self.proc_pidfd: int | None = None
         self.inner_pidfd: int | None = None  # the sandbox's pid-namespace init (bwrap mode)
         self.deadline = 0.0
+        self.partial_frame = False  # the channel ended with an incomplete frame in the buffer
 
     # -- lifecycle
     def run(self, harness_name: str, harness: bytes, tools: bytes | None, init: dict[str, Any]) -> EpisodeResult:
@@ -586,6 +653,9 @@ class _Episode:
         if sig is not None:
             return _result("crashed", f"the child was killed by {_signal_name(sig)} without a result{detail}",
                            self.t0, calls=self.calls)
+        if self.partial_frame:
+            return _result("protocol_error", f"the child exited with code {rc} in the middle of an RPC message",
+                           self.t0, calls=self.calls)
         return _result("crashed", f"the child exited with code {rc} without a result{detail}", self.t0,
                        calls=self.calls)
 
@@ -658,7 +728,7 @@ class _Episode:
                                 poller.unregister(sfd)
                             elif data:
                                 inbuf += data
-                                self._parse(inbuf, out)
+                                self.receive(inbuf, out)
                         if not sock_eof:
                             poller.modify(sfd, IN | (select.POLLOUT if out else 0))
                     elif fd in (ofd, efd):
@@ -685,6 +755,8 @@ class _Episode:
                         poller.unregister(fd)
         except _Done:
             return
+        finally:
+            self.partial_frame = bool(inbuf)
 
     def _take_info(self, info: bytearray) -> None:
         if self.inner_pidfd is not None:
@@ -710,14 +782,23 @@ class _Episode:
             payload = bytes(inbuf[4 : 4 + n])
             del inbuf[: 4 + n]
             try:
-                msg = json.loads(payload.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
-                self._set("protocol_error", "the child sent a malformed RPC message (not UTF-8 JSON)")
-            if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
-                self._set("protocol_error", "the child sent an RPC message without a type")
+                msg = _decode(payload)
+            except _BadFrame as e:
+                self._set("protocol_error", str(e))
             reply = self._handle(msg)
             if reply is not None:
                 out += _frame(reply)
+
+    def receive(self, inbuf: bytearray, out: bytearray) -> None:
+        """Answer every complete frame in `inbuf` (replies appended to `out`); raises _Done when the episode
+        is decided. Defence in depth: a host-side failure on any frame ends the episode as sandbox_error
+        with the traceback, never as an exception out of run_episode."""
+        try:
+            self._parse(inbuf, out)
+        except _Done:
+            raise
+        except Exception:
+            self._set("sandbox_error", "the host failed on an RPC message: " + traceback.format_exc(limit=-4))
 
     # -- messages
     def _handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
@@ -745,9 +826,8 @@ class _Episode:
                 self._set("protocol_error", "the answer is not valid Unicode text")
             self._set("ok", "ok", answer, self._events(events))
         if kind == "error":
-            err, tb = msg.get("error"), msg.get("traceback") or ""
-            status = {"exception": "harness_exception", "memory": "memory_limit",
-                      "protocol": "protocol_error"}.get(msg.get("kind"))  # "setup" only before hello
+            err, tb, ekind = msg.get("error"), msg.get("traceback", ""), msg.get("kind")
+            status = _ERROR_KINDS.get(ekind) if isinstance(ekind, str) else None  # "setup" only before hello
             if status is None or not isinstance(err, str) or not isinstance(tb, str):
                 self._set("protocol_error", "the child sent a malformed error message")
             if status == "memory_limit" and "limit" not in err:
@@ -763,11 +843,7 @@ class _Episode:
         if not isinstance(events, list) or not all(isinstance(e, dict) and isinstance(e.get("type"), str)
                                                    for e in events):
             self._set("protocol_error", "the trace events are malformed")
-        try:
-            json.dumps(events, ensure_ascii=False).encode("utf-8")
-        except (TypeError, ValueError, UnicodeEncodeError):
-            self._set("protocol_error", "the trace events are not valid Unicode JSON")
-        return events
+        return events  # _decode made them re-encodable: valid text, finite numbers, bounded depth
 
     def _call_host(self, fn: Callable[[], Any]) -> Any:
         """Run a host callback with the sandbox's clock stopped."""
