@@ -75,6 +75,7 @@ from typing import Any, Callable
 
 from whale_ray.records import EpisodeResult, ModelCall, SamplingParams
 from whale_ray.sandbox import isolation
+from whale_ray.sandbox.cgroup import EpisodeCgroup, cgroup_layer
 from whale_ray.sandbox.isolation import SetupError
 
 GenerateFn = Callable[[list[dict], SamplingParams], ModelCall]
@@ -86,6 +87,7 @@ RUNTIME_DIR = ".whale"  # inside the episode directory: child.py and tools.py
 _STDERR_TAIL = 4096
 _EXIT_GRACE_S = 1.0  # the channel closed without a result: how long to wait for the child's exit status
 _REAP_TIMEOUT_S = 5.0
+_BWRAP_PIDS = 3  # bwrap, its pid-namespace init and child.py, on top of the harness's max_processes
 _MAX_REASON = 500
 MAX_ERROR_REASON = 4000  # sandbox_error reasons carry a traceback
 _HARNESS_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}\.py$")
@@ -528,6 +530,7 @@ class _Episode:
         self.inner_pidfd: int | None = None  # the sandbox's pid-namespace init (bwrap mode)
         self.deadline = 0.0
         self.partial_frame = False  # the channel ended with an incomplete frame in the buffer
+        self.cgroup: EpisodeCgroup | None = None
 
     # -- lifecycle
     def run(self, harness_name: str, harness: bytes, tools: bytes | None, init: dict[str, Any]) -> EpisodeResult:
@@ -537,7 +540,13 @@ class _Episode:
                 self.uid = UID_POOL.acquire()
             except RuntimeError as e:
                 return _result("sandbox_setup_error", str(e), self.t0)
+        layer = cgroup_layer()
         try:
+            if layer is not None:
+                try:
+                    self.cgroup = layer.create(self.limits.memory_mb << 20, self.limits.max_processes + _BWRAP_PIDS)
+                except OSError as e:
+                    return _result("sandbox_setup_error", f"cannot create the episode's cgroup: {e}", self.t0)
             try:
                 episode_dir = tempfile.mkdtemp(prefix="whale-sbx-")
             except OSError as e:
@@ -547,6 +556,8 @@ class _Episode:
             finally:
                 _rmtree(episode_dir)
         finally:
+            if self.cgroup is not None:
+                self.cgroup.remove()  # kills anything still in it first
             if self.uid is not None:
                 UID_POOL.release(self.uid)
 
@@ -603,6 +614,13 @@ class _Episode:
                 self.proc_pidfd = os.pidfd_open(self.proc.pid)
             except (AttributeError, OSError):
                 self.proc_pidfd = None
+            if self.cgroup is not None:
+                # Before `init` is sent: until it arrives the child runs no untrusted code.
+                try:
+                    self.cgroup.add_tree(self.proc.pid)
+                except OSError as e:
+                    self._teardown(namespaced)
+                    return _result("sandbox_setup_error", f"cannot move the sandbox into its cgroup: {e}", self.t0)
             try:
                 self._serve(host_sock, info_r, _frame(init))
             finally:
@@ -620,6 +638,8 @@ class _Episode:
             raise self.host_error
         result = self._finish(namespaced)
         result.tool_calls = self.tool_calls
+        if self.cgroup is not None:
+            result.peak_memory_bytes = self.cgroup.peak_bytes()
         return result
 
     def _finish(self, namespaced: bool) -> EpisodeResult:
@@ -631,6 +651,10 @@ class _Episode:
         tail = self.stderr_tail.decode("utf-8", "replace").strip()
         last = tail.splitlines()[-1] if tail else ""
         detail = f" ({last[:200]})" if last else ""
+        if self.cgroup is not None and self.cgroup.oom_killed():
+            # The kernel's count (shared memory, tmpfs pages and kernel memory included) hit the limit.
+            return _result("memory_limit", f"the episode's memory reached its limit of {self.limits.memory_mb} MB "
+                           "(cgroup; the kernel's OOM killer ended it)", self.t0, calls=self.calls)
         if not self.got_hello:
             # No harness code ran: bwrap or the interpreter failed to start.
             return _result("sandbox_setup_error", f"the sandbox did not start (exit code {rc}){detail}", self.t0)
