@@ -10,7 +10,7 @@ import pytest
 from actors.coordinator import Coordinator
 from tests.conftest import small_config
 from whale_ray.archive import Archive
-from whale_ray.domain import DOMAIN_NAMES
+from whale_ray.domain import builtin_domain_names
 from whale_ray.run_state import RunState
 
 EXPECTED_PHASES = {
@@ -27,7 +27,7 @@ def rollout_rows(run_dir, prefix):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+@pytest.mark.parametrize("domain", builtin_domain_names())
 @pytest.mark.parametrize("condition", list(EXPECTED_PHASES))
 def test_condition_runs_its_phases(domain, condition, tmp_path, ray_cluster, embedded_policy):
     cfg = small_config(tmp_path / condition, condition=condition, domain=domain)

@@ -432,7 +432,7 @@ def test_example_tool_conversation_is_exact():
     ("\\boxed{204}", "204", 1.0),
 ])
 def test_verifier(response, gold, expected):
-    assert verifier.verify(response, gold) == expected
+    assert verifier.verify(Task(id="t", question="q", answer=gold), response) == expected
 
 
 def test_last_boxed_nested_braces():
@@ -511,7 +511,7 @@ def test_h0_one_step_tool_episode():
     h0 = load_h0()
     agent = ScriptedAgent(["```python\nprint(12 + 7)\n```", "\\boxed{19}"])
     answer = h0["run"]({"id": "t", "question": "Q?"}, agent)
-    assert answer == "\\boxed{19}" and verifier.verify(answer, "19") == 1.0
+    assert answer == "\\boxed{19}" and verifier.verify(Task(id="t", question="q", answer="19"), answer) == 1.0
     assert agent.prompts[1][-2:] == [{"role": "assistant", "content": "```python\nprint(12 + 7)\n```"},
                                      {"role": "user", "content": "Output: 19"}]
     assert agent.sampling[0] == {"max_tokens": 48, "temperature": 1.0, "top_k": 20}
@@ -589,8 +589,8 @@ def test_skill_variants_work_in_h0():
     task = {"id": "t", "question": "Q?"}
 
     h = load_h0(base + "\n" + variants["extract_answer"])
-    assert verifier.verify(h["extract_answer"]("The answer is 14."), "14") == 1.0
-    assert verifier.verify(h["extract_answer"]("12 + 7 = 19 . 19 - 5 = 14 ."), "14") == 1.0
+    assert verifier.verify(Task(id="t", question="q", answer="14"), h["extract_answer"]("The answer is 14.")) == 1.0
+    assert verifier.verify(Task(id="t", question="q", answer="14"), h["extract_answer"]("12 + 7 = 19 . 19 - 5 = 14 .")) == 1.0
     assert h["extract_answer"]("\\boxed{3}") == "\\boxed{3}"
     assert h["extract_answer"]("no number") == "no number"
 

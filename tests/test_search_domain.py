@@ -23,7 +23,8 @@ import pytest
 from domains.search_qa import DOMAIN, SearchQADomain, data, generator, retrieval, tools, verifier
 from domains.search_qa.retrieval import BM25Retriever, HTTPRetriever, Passage, RetrievalError
 from tests.conftest import load_harness
-from whale_ray.config import DataConfig, JudgeConfig, load_config
+from domains.search_qa.config import JudgeConfig, RetrievalConfig
+from whale_ray.config import DataConfig, load_config
 from whale_ray.domain import DataError, Domain, get_domain
 from whale_ray.proposer import parse_skill
 from whale_ray.records import EpisodeResult, ModelCall, Task
@@ -299,7 +300,7 @@ def test_bad_rows_are_skipped_with_file_row_and_count(tmp_path, caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="domains.search_qa.data"):
         assert len(data.load_questions(jsonl)) == 1
-    assert "lines.jsonl: line 1: not a JSON object; skipped" in caplog.text
+    assert "lines.jsonl: line 1: not valid JSON (Expecting property name enclosed in double quotes); skipped" in caplog.text
 
     all_bad = write_parquet(tmp_path / "all_bad.parquet", [searchr1_row("q?", [], index=0)])
     with pytest.raises(DataError, match=r"all_bad\.parquet: no usable rows \(1 of 1 skipped\)"):
@@ -383,7 +384,7 @@ def test_corpus_loading_and_bad_lines(tmp_path, caplog):
     assert 'bad.jsonl: line 3: no "contents" string' in caplog.text
     assert "bad.jsonl: line 4: not a JSON object" in caplog.text
     assert "bad.jsonl: skipped 3 of 5 lines" in caplog.text
-    with pytest.raises(DataError, match=r"empty\.jsonl: no usable passage"):
+    with pytest.raises(DataError, match=r"empty\.jsonl: not a Search-R1 JSONL corpus, no usable passage"):
         retrieval.load_corpus(write_lines(tmp_path / "empty.jsonl", [""]))
     with pytest.raises(DataError, match=r"missing\.jsonl: not found"):
         retrieval.load_corpus(tmp_path / "missing.jsonl")
@@ -493,8 +494,7 @@ def test_search_tool_contract():
 
 
 def test_retriever_actor_on_ray(ray_cluster, tmp_path):
-    from actors.retriever import start_retriever
-    from whale_ray.config import RetrievalConfig
+    from domains.search_qa.retriever_actor import start_retriever
 
     cfg = load_config(None, {"domain": "search_qa", "seed": 0})
     services = DOMAIN.start_services(cfg, splits=None)
@@ -558,7 +558,7 @@ def test_judge_over_loopback_with_the_openai_client(server, monkeypatch, caplog)
     judge = JudgeConfig(enabled=True, model="judge-1", base_url=f"{base}/v1", api_key_env="WHALE_TEST_JUDGE_KEY",
                         timeout_s=5, max_retries=0)
     cfg = load_config(None, {"domain": "search_qa"})
-    cfg.judge = judge
+    cfg.domain_config.judge = judge
     verify = DOMAIN.make_verifier(cfg)
     assert isinstance(verify, verifier.JudgedVerifier)
     task = Task(id="t7", question="Where is Velmora?", answer="Velmora", meta={"_golden_answers": ["Velmora"]})
@@ -578,7 +578,7 @@ def test_judge_over_loopback_with_the_openai_client(server, monkeypatch, caplog)
 
     with caplog.at_level(logging.WARNING, logger="domains.search_qa.verifier"):
         for model in ("judge-fails", "judge-rambles"):
-            cfg.judge = judge.model_copy(update={"model": model})
+            cfg.domain_config.judge = judge.model_copy(update={"model": model})
             assert DOMAIN.make_verifier(cfg)(task, "<answer>the city of Velmora</answer>") == 0.0
     assert caplog.text.count("judge failed on task t7") == 2 and "not yes or no" in caplog.text
 

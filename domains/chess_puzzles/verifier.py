@@ -21,6 +21,8 @@ import re
 
 import chess
 
+from whale_ray.records import Task
+
 # A UCI move as a token of its own (so "Qd1d8" or "e2e45" are not moves); matched on lower-cased text.
 UCI_MOVE = re.compile(r"(?<![a-z0-9])([a-h][1-8][a-h][1-8][qrbn]?)(?![a-z0-9])")
 
@@ -90,6 +92,7 @@ def score_line(fen: str, line: list[str], response: str | None) -> float:
     return 0.0  # the moves ran out before the line did
 
 
-def verify(fen: str, line: str, response: str | None) -> float:
-    """The reward: `line` is the gold answer (UCI moves from the puzzle start, space-separated)."""
-    return score_line(fen, line.split(), response)
+def verify(task: Task, response: str | None) -> float:
+    """The reward: the task's gold answer is the line (UCI moves from the puzzle start, space-separated),
+    played from its private meta["fen"]."""
+    return score_line(task.meta["fen"], task.answer.split(), response)

@@ -4,30 +4,27 @@ and the strict \\boxed{} verifier. See skill.md for what a harness may change.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from whale_ray.domain import Domain, Splits
+from whale_ray.domain import AnswerFormat, DataSpec, Domain, Splits, register_domain
 from whale_ray.records import Task
 
 from . import data, generator, verifier
-
-if TYPE_CHECKING:
-    from whale_ray.config import DataConfig
 
 
 class MathDomain(Domain):
     name = "math_reasoning"
     folder = Path(__file__).resolve().parent
-    warmstart_version = "2"  # part of the embedded policy's cache key: bump when the warm-start formats change
+    warmstart_version = "2"
+    answer_format = AnswerFormat("\\boxed{", "}")
 
-    def load_splits(self, data_config: "DataConfig", seed: int) -> Splits:
+    def load_splits(self, data_config: DataSpec, seed: int) -> Splits:
         return data.load_splits(data_config, seed)
 
     def verify(self, task: Task, response: str | None) -> float:
-        return verifier.verify(response, task.answer)
+        return verifier.verify(task, response)
 
     def warmstart_conversations(self, n: int, seed: int) -> list[list[dict[str, str]]]:
         return generator.warmstart_conversations(n, seed)
 
 
-DOMAIN = MathDomain()
+DOMAIN = register_domain(MathDomain())

@@ -17,20 +17,18 @@ once (the published DAPO-Math-17K parquet repeats each of its 17,917 problems ma
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
+from domains.files import Rows, read_rows
 from whale_ray.domain import (
     DataError,
     Splits,
     distinct_questions,
     split_sizes,
+    stratified_sample,
     train_splits,
     without_test_questions,
 )
@@ -43,7 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = (".parquet", ".jsonl")
 DAPO_PROMPT_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
@@ -53,78 +50,6 @@ AIME_PROBLEM_COLUMNS = ("Problem", "problem", "question")
 AIME_ANSWER_COLUMNS = ("Answer", "answer")
 AIME_ID_COLUMNS = ("ID", "id")
 MAX_ROW_WARNINGS = 5  # per file; the summary line always has the total
-
-
-# --- reading files ---------------------------------------------------------------------------------
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-class _Rows:
-    """The rows of one file: column names, and (row label, record) pairs."""
-
-    def __init__(self, path: Path, columns: list[str], records: Iterable[tuple[str, dict[str, Any]]]):
-        self.path, self.columns, self.records = path, columns, records
-
-
-def _check_path(path: Path) -> Path:
-    path = Path(path)
-    if path.suffix.lower() not in EXTENSIONS:
-        raise DataError(f"data file {path}: unsupported extension {path.suffix!r} (expected .parquet or .jsonl)")
-    if not path.is_file():
-        raise DataError(f"data file {path}: not found")
-    return path
-
-
-def _read_parquet(path: Path) -> _Rows:
-    """Rows batch by batch, so memory follows the distinct problems, not the 1.8M-row DAPO file."""
-    try:
-        pfile = pq.ParquetFile(path)
-        columns = pfile.schema_arrow.names
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"data file {path}: not a readable parquet file ({_first_line(e)})") from None
-
-    def records():
-        i = 0
-        try:
-            for batch in pfile.iter_batches(batch_size=8192):
-                values = {name: batch.column(name).to_pylist() for name in columns}
-                for j in range(batch.num_rows):
-                    yield f"row {i}", {name: values[name][j] for name in columns}
-                    i += 1
-        except (pa.ArrowException, OSError) as e:
-            raise DataError(f"data file {path}: not a readable parquet file at row {i} ({_first_line(e)})") from None
-
-    return _Rows(path, columns, records())
-
-
-def _read_jsonl(path: Path) -> _Rows:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"data file {path}: not readable ({type(e).__name__})") from None
-    parsed: list[tuple[str, dict[str, Any]]] = []
-    columns: dict[str, None] = {}
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"data file {path}: line {n} is not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise DataError(f"data file {path}: line {n} is not a JSON object")
-        columns.update(dict.fromkeys(obj))
-        parsed.append((f"line {n}", obj))
-    return _Rows(path, list(columns), parsed)
-
-
-def _read(path: Path) -> _Rows:
-    path = _check_path(path)
-    return _read_parquet(path) if path.suffix.lower() == ".parquet" else _read_jsonl(path)
 
 
 # --- turning rows into tasks -----------------------------------------------------------------------
@@ -167,8 +92,12 @@ def _dapo_row(rec: dict[str, Any]) -> tuple[str | None, str | None, Any, str | N
     return question, answer, index, _text(rec.get("data_source"))
 
 
-def _tasks_from_rows(rows: _Rows, fmt: str | None = None) -> list[Task]:
+def _tasks_from_rows(rows: Rows, fmt: str | None = None) -> list[Task]:
     path, cols, stem = rows.path, rows.columns, rows.path.stem
+    if isinstance(rows.records, list):  # JSONL: a line that is not a JSON object means another format
+        bad = next((r for r in rows.records if r.value is None), None)
+        if bad is not None:
+            raise DataError(f"data file {path}: {bad.label} is {bad.problem}")
     if fmt is None:
         fmt = "dapo" if ("prompt" in cols or "reward_model" in cols) else "aime"
     if fmt == "dapo":
@@ -189,8 +118,9 @@ def _tasks_from_rows(rows: _Rows, fmt: str | None = None) -> list[Task]:
     skipped: list[str] = []
     duplicates = 0
     n_rows = 0
-    for n, (label, rec) in enumerate(rows.records):
+    for n, record in enumerate(rows.records):
         n_rows += 1
+        label, rec = record.label, record.value
         if fmt == "dapo":
             question, answer, index, source = _dapo_row(rec)
         else:
@@ -223,17 +153,17 @@ def _tasks_from_rows(rows: _Rows, fmt: str | None = None) -> list[Task]:
 
 def load_tasks(path: Path | str) -> list[Task]:
     """The tasks of one DAPO- or AIME-style file (parquet or JSONL), distinct by question text."""
-    return _tasks_from_rows(_read(Path(path)))
+    return _tasks_from_rows(read_rows(path))
 
 
 def load_dapo(path: Path | str) -> list[Task]:
     """A DAPO-Math-17K style file: columns `prompt` and `reward_model` required."""
-    return _tasks_from_rows(_read(Path(path)), "dapo")
+    return _tasks_from_rows(read_rows(path), "dapo")
 
 
 def load_aime(path: Path | str) -> list[Task]:
     """An AIME 2024/2025 style file: `Problem`/`problem` and `Answer`/`answer` required."""
-    return _tasks_from_rows(_read(Path(path)), "aime")
+    return _tasks_from_rows(read_rows(path), "aime")
 
 
 # --- splits ----------------------------------------------------------------------------------------

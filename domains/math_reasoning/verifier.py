@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from whale_ray.records import Task
+
 BOXED = "\\boxed{"
 
 _INT_WITH_COMMAS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")
@@ -81,11 +83,11 @@ def gold_answer(gold: str) -> str:
     return inner if inner is not None else gold
 
 
-def verify(response: str | None, gold: str) -> float:
-    """1.0 when the last \\boxed{} of `response` matches `gold`, else 0.0."""
+def verify(task: Task, response: str | None) -> float:
+    """1.0 when the last \\boxed{} of `response` matches the task's gold answer, else 0.0."""
     if not isinstance(response, str):
         return 0.0
     predicted = last_boxed(response)
     if predicted is None or not predicted.strip():
         return 0.0
-    return 1.0 if answers_match(predicted, gold_answer(str(gold))) else 0.0
+    return 1.0 if answers_match(predicted, gold_answer(str(task.answer))) else 0.0

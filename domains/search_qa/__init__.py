@@ -1,55 +1,65 @@
 """The search_qa domain: questions over a generated world (default) or Search-R1's seven benchmarks
 (files), a shared retriever reached as the `search` host tool, and exact match on <answer> (with an
-optional LLM judge). See skill.md for what a harness may change."""
+optional LLM judge). Its config sections are `retrieval` and `judge` (config.py). See skill.md for what
+a harness may change."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from whale_ray.domain import DataError, Domain, Splits
+from whale_ray.domain import AnswerFormat, DataError, DataSpec, Domain, RunConfig, Splits, register_domain
 from whale_ray.records import Task
 
 from . import data, generator, retrieval, verifier
+from .config import SearchQAConfig
 
 if TYPE_CHECKING:
-    from whale_ray.config import DataConfig, WhaleConfig
     from whale_ray.records import EpisodeResult
+
+# A file that is not a corpus is refused before a run starts from this many lines; the retriever reads all.
+CORPUS_CHECK_LINES = 1000
 
 
 class SearchQADomain(Domain):
     name = "search_qa"
     folder = Path(__file__).resolve().parent
-    warmstart_version = "1"  # part of the embedded policy's cache key: bump when the warm-start formats change
+    warmstart_version = "1"
+    answer_format = AnswerFormat("<answer>", "</answer>")
+    config_model = SearchQAConfig
 
-    def load_splits(self, data_config: "DataConfig", seed: int) -> Splits:
+    def load_splits(self, data_config: DataSpec, seed: int) -> Splits:
         return data.load_splits(data_config, seed)
 
     def verify(self, task: Task, response: str | None) -> float:
         return verifier.verify(task, response)
 
-    def make_verifier(self, cfg: "WhaleConfig") -> Callable[[Task, str | None], float]:
-        return verifier.JudgedVerifier(cfg.judge) if cfg.judge.enabled else self.verify
+    def make_verifier(self, cfg: RunConfig) -> Callable[[Task, str | None], float]:
+        judge = self.settings(cfg).judge
+        return verifier.JudgedVerifier(judge) if judge.enabled else self.verify
 
     def warmstart_conversations(self, n: int, seed: int) -> list[list[dict[str, str]]]:
         return generator.warmstart_conversations(n, seed)
 
-    def check_inputs(self, cfg: "WhaleConfig") -> None:
-        r = cfg.retrieval
+    def check_inputs(self, cfg: RunConfig) -> None:
+        r = self.settings(cfg).retrieval
         if r.kind == "http":
             return
         if r.corpus_path is None and cfg.data.source != "generated":
             raise DataError(f"retrieval.kind {r.kind!r} with data.source 'files' needs retrieval.corpus_path "
                             "(a Search-R1 style JSONL corpus) or retrieval.kind 'http' with retrieval.url")
-        if r.corpus_path is not None and not Path(r.corpus_path).is_file():
-            raise DataError(f"retrieval.corpus_path {r.corpus_path}: not found")
+        if r.corpus_path is not None:
+            try:
+                retrieval.load_corpus(r.corpus_path, max_lines=CORPUS_CHECK_LINES)
+            except DataError as e:
+                raise DataError(f"retrieval.corpus_path: {e}") from None
 
-    def start_services(self, cfg: "WhaleConfig", splits: Splits) -> dict[str, Any]:
-        """{"retriever": a Retriever actor}, over cfg.retrieval's corpus, else the seed's generated corpus."""
-        from actors.retriever import start_retriever
+    def start_services(self, cfg: RunConfig, splits: Splits) -> dict[str, Any]:
+        """{"retriever": a Retriever actor}, over the retrieval section's corpus, else the seed's generated one."""
+        from .retriever_actor import start_retriever
 
         self.check_inputs(cfg)
-        r = cfg.retrieval
+        r = self.settings(cfg).retrieval
         use_generated = r.kind != "http" and r.corpus_path is None
         return {"retriever": start_retriever(r, generator.corpus(cfg.seed) if use_generated else None)}
 
@@ -72,4 +82,4 @@ class SearchQADomain(Domain):
         return {"retrieval_hit": 1.0 if hit else 0.0}
 
 
-DOMAIN = SearchQADomain()
+DOMAIN = register_domain(SearchQADomain())

@@ -24,20 +24,18 @@ repeats is kept once.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
+from domains.files import read_rows
 from whale_ray.domain import (
     DataError,
     Splits,
     distinct_questions,
     split_sizes,
+    stratified_sample,
     train_splits,
     without_test_questions,
 )
@@ -50,58 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-EXTENSIONS = (".parquet", ".jsonl")
 BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 MAX_ROW_WARNINGS = 5  # per file; the summary line always has the total
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def _rows(path: Path) -> tuple[list[str], Iterator[tuple[str, Any]]]:
-    """Column names, and (row label, record) pairs; a record that is not a dict is passed on as is."""
-    if path.suffix.lower() not in EXTENSIONS:
-        raise DataError(f"data file {path}: unsupported extension {path.suffix!r} (expected .parquet or .jsonl)")
-    if not path.is_file():
-        raise DataError(f"data file {path}: not found")
-    if path.suffix.lower() == ".parquet":
-        try:
-            pfile = pq.ParquetFile(path)
-            columns = pfile.schema_arrow.names
-        except (pa.ArrowException, OSError) as e:
-            raise DataError(f"data file {path}: not a readable parquet file ({_first_line(e)})") from None
-
-        def parquet_records():
-            i = 0
-            try:
-                for batch in pfile.iter_batches(batch_size=8192):
-                    for record in batch.to_pylist():
-                        yield f"row {i}", record
-                        i += 1
-            except (pa.ArrowException, OSError) as e:
-                raise DataError(f"data file {path}: not readable at row {i} ({_first_line(e)})") from None
-
-        return columns, parquet_records()
-
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"data file {path}: not readable ({type(e).__name__})") from None
-    records: list[tuple[str, Any]] = []
-    columns: dict[str, None] = {}
-    for n, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            obj = None
-        if isinstance(obj, dict):
-            columns.update(dict.fromkeys(obj))
-        records.append((f"line {n}", obj))
-    return list(columns), iter(records)
 
 
 def _text(value: Any) -> str | None:
@@ -143,7 +91,8 @@ def _answers(record: dict[str, Any]) -> list[str]:
 def load_questions(path: Path | str) -> list[Task]:
     """The tasks of one Search-R1 style file (parquet or JSONL), distinct by question text."""
     path = Path(path)
-    columns, records = _rows(path)
+    rows = read_rows(path)
+    columns = rows.columns
     if "question" not in columns and "prompt" not in columns:
         raise DataError(f"data file {path}: missing column 'question' (or a Search-R1 'prompt')")
     if "golden_answers" not in columns and "reward_model" not in columns:
@@ -153,10 +102,11 @@ def load_questions(path: Path | str) -> list[Task]:
     seen_ids: set[str] = set()
     seen_questions: set[str] = set()
     skipped, duplicates, n_rows = 0, 0, 0
-    for n, (label, record) in enumerate(records):
+    for n, row in enumerate(rows.records):
         n_rows += 1
-        if not isinstance(record, dict):
-            problem = "not a JSON object"
+        label, record = row.label, row.value
+        if record is None:
+            problem = row.problem
         else:
             question, golds = _question(record), _answers(record)
             problem = "no question" if question is None else "empty golden_answers" if not golds else None
@@ -187,22 +137,6 @@ def load_questions(path: Path | str) -> list[Task]:
     return tasks
 
 
-def stratified_sample(tasks: list[Task], n: int, seed: int) -> list[Task]:
-    """`n` tasks spread evenly over their groups (round robin over seeded shuffles); all when n >= len."""
-    by_group: dict[str, list[Task]] = {}
-    for t in tasks:
-        by_group.setdefault(t.meta["group"], []).append(t)
-    for group, members in by_group.items():
-        random.Random(f"whale-search-test:{seed}:{group}").shuffle(members)
-    picked: list[Task] = []
-    queues = [by_group[g] for g in sorted(by_group)]
-    depth = 0
-    while len(picked) < n and any(depth < len(q) for q in queues):
-        picked += [q[depth] for q in queues if depth < len(q)][: n - len(picked)]
-        depth += 1
-    return picked
-
-
 # --- splits ----------------------------------------------------------------------------------------
 
 
@@ -213,7 +147,8 @@ def _file_splits(data: "DataConfig", seed: int) -> Splits:
     test_all = distinct_questions(t for p in data.test_paths for t in load_questions(p))
     clean = without_test_questions(load_questions(data.train_path), test_all, data.train_path, "questions")
     random.Random(f"whale-search-train:{seed}").shuffle(clean)
-    return train_splits(clean, stratified_sample(test_all, data.n_test, seed), data, "questions")
+    test = stratified_sample(test_all, data.n_test, "whale-search-test", seed, group=lambda t: t.meta["group"])
+    return train_splits(clean, test, data, "questions")
 
 
 def load_splits(data: "DataConfig", seed: int) -> Splits:

@@ -1,7 +1,7 @@
 """Retrieval backends of the search_qa domain: BM25, dense, and a client for an HTTP retrieval service.
 
 Each backend is a plain class with `search(queries, topk) -> list[list[Passage]]` (best first), so it
-can be tested without Ray; `actors/retriever.py` wraps one in a Ray actor shared by every evaluator.
+can be tested without Ray; retriever_actor.py wraps one in a Ray actor shared by every evaluator.
 
 Corpus format (Search-R1's wiki-18 JSONL): one JSON object per line, {"id": ..., "contents": ...},
 where contents is '"Title"\\ntext'. `load_corpus` reads it; `write_corpus` writes it.
@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
+from domains.files import jsonl_records
 from whale_ray.domain import DataError
 
 if TYPE_CHECKING:
-    from whale_ray.config import RetrievalConfig
+    from .config import RetrievalConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,43 +83,43 @@ def format_passages(passages: Iterable[Passage]) -> str:
 # --- corpus files ----------------------------------------------------------------------------------
 
 
-def load_corpus(path: Path | str) -> list[Passage]:
-    """The passages of a Search-R1 style JSONL corpus. Bad lines (not JSON, not an object, no string
-    "contents") are skipped with a warning naming the line; a corpus with no usable line raises DataError."""
+def _passage(value: dict[str, Any] | None, n: int) -> Passage | str:
+    """A corpus line as a Passage, or what is wrong with it."""
+    if value is None:
+        return "not a JSON object"
+    contents = value.get("contents")
+    if not isinstance(contents, str) or not contents.strip():
+        return 'no "contents" string'
+    return Passage.from_contents(value.get("id", n), contents)
+
+
+def load_corpus(path: Path | str, max_lines: int | None = None) -> list[Passage]:
+    """The passages of a Search-R1 style JSONL corpus (of its first `max_lines` non-blank lines, if given).
+    Bad lines (not JSON, not an object, no string "contents") are skipped with a warning naming the line;
+    a corpus with no usable line raises DataError naming the first bad line's problem."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"corpus file {path}: not found")
     passages: list[Passage] = []
-    skipped = 0
+    problems: list[str] = []
     n_lines = 0
-    try:
-        with path.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                n_lines += 1
-                problem = None
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    problem = f"not valid JSON ({e.msg})"
-                else:
-                    if not isinstance(obj, dict):
-                        problem = "not a JSON object"
-                    elif not isinstance(obj.get("contents"), str) or not obj["contents"].strip():
-                        problem = 'no "contents" string'
-                if problem is not None:
-                    if skipped < MAX_ROW_WARNINGS:
-                        log.warning("corpus file %s: line %d: %s; skipped", path, n, problem)
-                    skipped += 1
-                    continue
-                passages.append(Passage.from_contents(obj.get("id", n), obj["contents"]))
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"corpus file {path}: not readable ({type(e).__name__}: {e})") from None
-    if skipped:
-        log.warning("corpus file %s: skipped %d of %d lines", path, skipped, n_lines)
+    for record in jsonl_records(path, "corpus file"):
+        if max_lines is not None and n_lines >= max_lines:
+            break
+        n_lines += 1
+        passage = _passage(record.value, record.index) if record.problem is None else record.problem
+        if isinstance(passage, str):
+            if len(problems) < MAX_ROW_WARNINGS:
+                log.warning("corpus file %s: %s: %s; skipped", path, record.label, passage)
+            problems.append(f"{record.label}: {passage}")
+            continue
+        passages.append(passage)
+    if problems and passages:
+        log.warning("corpus file %s: skipped %d of %d lines", path, len(problems), n_lines)
     if not passages:
-        raise DataError(f"corpus file {path}: no usable passage ({skipped} of {n_lines} lines skipped)")
+        first = f"; {problems[0]}" if problems else ""
+        raise DataError(f"corpus file {path}: not a Search-R1 JSONL corpus, no usable passage in {n_lines} "
+                        f"lines{first}")
     return passages
 
 

@@ -4,7 +4,7 @@ Exact match (`verify`): the text inside the LAST <answer>...</answer> of the res
 SQuAD / Search-R1 (lowercase, punctuation removed, the articles a/an/the removed, whitespace collapsed),
 must equal some gold answer normalised the same way. No <answer> tags, or a None response, scores 0.
 
-The judge (`JudgedVerifier`, used when cfg.judge.enabled): exact match first; only when it fails, and
+The judge (`JudgedVerifier`, used when the `judge` section is enabled): exact match first; only when it fails, and
 an <answer> was given, an OpenAI-compatible chat model is asked whether the answer means the same as a
 gold answer. Any judge failure (network, timeout, an odd reply) counts as 0 and is logged: a judge
 outage never stops a run.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from whale_ray.records import Task
 
 if TYPE_CHECKING:
-    from whale_ray.config import JudgeConfig
+    from .config import JudgeConfig
 
 log = logging.getLogger(__name__)
 

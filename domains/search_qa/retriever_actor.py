@@ -1,7 +1,7 @@
 """Retriever: the search_qa corpus index, one Ray actor shared by every evaluator of a run.
 
-A thin shell over the plain backends of domains/search_qa/retrieval.py (BM25, dense, HTTP client);
-evaluators reach it through the domain's `search` host tool, never from inside a sandbox.
+A thin shell over the plain backends of retrieval.py (BM25, dense, HTTP client); evaluators reach it
+through the domain's `search` host tool, never from inside a sandbox.
 """
 
 from __future__ import annotations
@@ -10,23 +10,22 @@ from typing import Any
 
 import ray
 
-from domains.search_qa.retrieval import Passage, SearchBackend, build_retriever
-from whale_ray.config import RetrievalConfig
+from .config import RetrievalConfig
+from .retrieval import Passage, SearchBackend, build_retriever
 
-# Placed anywhere on the cluster, never inside a caller's placement group (see sandbox_evaluator.CLUSTER).
+# Placed anywhere on the cluster, never inside a caller's placement group (as the sandbox evaluators are).
 CLUSTER = "DEFAULT"
 MAX_CONCURRENCY = 8  # concurrent searches; an HTTP backend spends most of its time waiting
 
 
 @ray.remote
 class Retriever:
-    def __init__(self, retrieval: dict[str, Any], passages: list[Passage] | None = None):
-        """`retrieval`: a RetrievalConfig as a dict; `passages`: the generated corpus, used unless the
-        config names a corpus file or an HTTP service."""
+    def __init__(self, retrieval: RetrievalConfig, passages: list[Passage] | None = None):
+        """`passages`: the generated corpus, used unless `retrieval` names a corpus file or an HTTP service."""
         self._backend: SearchBackend | None = None
         self._start_error: Exception | None = None
         try:
-            self._backend = build_retriever(RetrievalConfig.model_validate(retrieval), passages)
+            self._backend = build_retriever(retrieval, passages)
         except Exception as e:  # kept for describe(): Ray would turn it into an ActorDiedError without a cause
             self._start_error = e
 
@@ -49,7 +48,7 @@ def start_retriever(retrieval: RetrievalConfig, passages: list[Passage] | None =
     """A started Retriever. Waits until its index is built, so a bad corpus or model fails here, with the
     original exception (a whale_ray.domain.DataError, say)."""
     handle = Retriever.options(num_cpus=0, scheduling_strategy=CLUSTER, max_concurrency=MAX_CONCURRENCY).remote(
-        retrieval.model_dump(mode="json"), passages)
+        retrieval, passages)
     try:
         ray.get(handle.describe.remote())
     except ray.exceptions.RayTaskError as e:
