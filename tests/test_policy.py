@@ -386,6 +386,54 @@ def test_load_weights_waits_for_generate(built):
     assert eng.version == 5
 
 
+def test_load_weights_mid_batch_cannot_relabel_it(built):
+    """A load_weights that lands while a batch runs: the batch finishes on the old weights and says so, even
+    when the load completes before the server has handled the batch's result (the event loop is held until
+    the new version is in, the window where reading engine.version after generate used to relabel calls)."""
+    import asyncio
+
+    from whale_ray.policy.serving import PolicyService
+
+    service = PolicyService(str(built[0]), max_batch=16, batch_wait_ms=20, device=DEVICE)
+    eng = service.engine
+    zeros = {k: torch.zeros_like(v) for k, v in eng.state_dict().items()}
+    reqs = [ask(f"What is {i} + {2 * i}?" + " Hm." * i, max_tokens=4 + 3 * i, temperature=1.0, seed=100 + i)
+            for i in range(6)]
+    old = [eng.generate([r])[0] for r in reqs]
+
+    async def mid_batch_load():
+        loop = asyncio.get_running_loop()
+        loader: list[threading.Thread] = []
+
+        def hold_loop_until_loaded():
+            deadline = time.monotonic() + 120
+            while eng.version != 7 and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+        def on_forward(*_):
+            if not loader:  # the batch's first forward: the load waits on the engine lock, then lands
+                loader.append(threading.Thread(target=eng.load_weights, args=(zeros, 7)))
+                loader[0].start()
+                loop.call_soon_threadsafe(hold_loop_until_loaded)
+
+        handle = eng.model.register_forward_hook(on_forward)
+        try:
+            calls = await asyncio.gather(*(service.generate(r.messages, r.sampling) for r in reqs))
+        finally:
+            handle.remove()
+        loader[0].join()
+        after = await service.generate(reqs[0].messages, reqs[0].sampling)
+        return calls, after
+
+    calls, after = asyncio.run(mid_batch_load())
+    assert service.stats()["batches"] == 2 and eng.version == 7  # the six in one pass, then `after`
+    for call, req, ref in zip(calls, reqs, old):
+        assert call.weight_version == 0 and call.messages is req.messages
+        assert call.completion_ids == ref.completion_ids and call.prompt_ids == ref.prompt_ids
+    zeroed = eng.generate([reqs[0]])[0]
+    assert after.weight_version == 7 and after.completion_ids == zeroed.completion_ids != old[0].completion_ids
+
+
 def test_prompt_longer_than_context(engine):
     out = engine.generate([ask("1 " * 600, max_tokens=5), ask("What is 2 + 2?", max_tokens=3, seed=0)])
     assert out[0].completion_ids == [] and out[0].finish_reason == "length" and len(out[0].prompt_ids) >= 512
@@ -416,6 +464,41 @@ def test_sample_rows_respects_top_k_and_greedy():
     )
     assert tok.tolist() == [1, 1, 3]
     assert abs(lp[0] - torch.log_softmax(logits[0], -1)[1]) < 1e-6 and abs(lp[1]) < 1e-6
+
+
+SETTINGS = [(1.0, 0, 1.0), (0.6, 0, 1.0), (1.7, 3, 1.0), (1.0, 0, 0.7), (0.8, 5, 0.85), (2.5, 0, 0.6)]
+
+
+def test_sample_rows_frequencies_match_the_warped_distribution():
+    """Counts of sampled tokens against Hugging Face's warpers (an independent implementation), every setting
+    a block of rows of one call. Seeded uniforms: the result is fixed; the p-value floor (1e-6) leaves room
+    for a changed random stream yet fails a sampler that is wrong by a percent of probability mass."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    logits = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.2, -2.5, 0.9, -0.3, 1.9, -0.8])  # unsorted, one near-tie
+    n = 30_000
+    rows = len(SETTINGS) * n
+    col = lambda i: torch.tensor([s[i] for s in SETTINGS]).repeat_interleave(n)  # noqa: E731
+    u = torch.rand(rows, generator=torch.Generator().manual_seed(1234))
+    tok, lp = sample_rows(logits.repeat(rows, 1), col(0).float(), col(1).long(), col(2).float(), u)
+    for b, (t, k, p) in enumerate(SETTINGS):
+        warped = TemperatureLogitsWarper(t)(None, logits[None].clone())
+        if k:
+            warped = TopKLogitsWarper(k)(None, warped)
+        if p < 1:
+            warped = TopPLogitsWarper(p)(None, warped)
+        probs = warped.softmax(-1)[0]
+        got, got_lp = tok[b * n : (b + 1) * n], lp[b * n : (b + 1) * n]
+        # each sample's log-prob is its token's log-prob under the distribution it was drawn from
+        assert torch.allclose(got_lp.exp(), probs[got], atol=1e-6), (t, k, p)
+        counts = torch.bincount(got, minlength=len(logits)).double()
+        kept = probs > 0
+        assert counts[~kept].sum() == 0, (t, k, p)  # nothing outside top-k / top-p is ever drawn
+        expected = n * probs[kept].double()
+        chi2 = ((counts[kept] - expected) ** 2 / expected).sum()
+        dof = int(kept.sum()) - 1
+        p_value = torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), chi2 / 2)  # chi-square tail
+        assert p_value > 1e-6, (t, k, p, float(chi2), dof)
 
 
 def test_make_engine(built):

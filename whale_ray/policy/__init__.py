@@ -5,7 +5,6 @@ from whale_ray.policy.engine import (
     GenerationOutput,
     GenerationRequest,
     TransformersEngine,
-    VLLMEngine,
     check_request,
     make_engine,
 )
@@ -17,6 +16,7 @@ from whale_ray.policy.tiny import (
     load_policy,
     read_build_info,
 )
+from whale_ray.policy.vllm_engine import VLLMEngine
 
 __all__ = [
     "CheckpointError",

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from whale_ray.policy.tiny import check_checkpoint_dir, load_policy
+from whale_ray.policy.tiny import load_policy
 from whale_ray.records import SamplingParams
 
 FINISH_REASONS = ("stop", "length")
@@ -41,6 +41,7 @@ class GenerationOutput:
     completion_ids: list[int]  # generated ids, including the eos when one was produced
     logprobs: list[float]  # one per completion id, under the sampling distribution used (module docstring)
     finish_reason: str  # "stop" (eos or stop string) | "length" (max_tokens or the context window)
+    weight_version: int = 0  # the weights that generated it, read with the batch under the engine's lock
 
 
 @runtime_checkable
@@ -80,6 +81,27 @@ def check_request(request: GenerationRequest) -> None:
         raise ValueError(f"stop must be a sequence of strings, got {s.stop!r}")
     if s.seed is not None and not isinstance(s.seed, int):
         raise ValueError(f"seed must be an integer or None, got {s.seed!r}")
+
+
+def encode_prompts(tokenizer: Any, requests: list[GenerationRequest]) -> list[list[int]]:
+    """The trusted side's prompt ids: the chat template with the generation prompt, tokenised without
+    extra special tokens. Every engine uses this, so the same messages give the same ids everywhere."""
+    texts = [tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests]
+    return tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+
+
+def eos_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model_path: Path | str) -> list[int]:
+    """The ids that end a completion: the generation config's eos ids and the tokenizer's eos."""
+    eos = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
+    if tokenizer.eos_token_id is not None:
+        eos.append(tokenizer.eos_token_id)
+    if not eos:
+        raise ValueError(f"policy checkpoint {model_path}: neither the generation config nor the tokenizer has an eos token")
+    return sorted(set(eos))
+
+
+def decode_completion(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def sample_rows(
@@ -124,7 +146,8 @@ class TransformersEngine:
     """A Hugging Face causal LM behind a batched, KV-cached sampling loop (see the module docstring)."""
 
     def __init__(
-        self, model_path: Path | str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 64, seed: int = 0
+        self, model_path: Path | str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 64, seed: int = 0,
+        version: int = 0,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -140,14 +163,8 @@ class TransformersEngine:
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 1 << 30)
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._version = 0
-        eos = self.model.generation_config.eos_token_id
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        if self.tokenizer.eos_token_id is not None:
-            eos.append(self.tokenizer.eos_token_id)
-        if not eos:
-            raise ValueError(f"policy checkpoint {model_path}: neither the generation config nor the tokenizer has an eos token")
-        self.eos_ids = sorted(set(eos))
+        self._version = int(version)  # the weights' version when the server restarts from a checkpoint
+        self.eos_ids = eos_token_ids(self.model.generation_config.eos_token_id, self.tokenizer, model_path)
         self._eos = torch.tensor(self.eos_ids, device=self.device)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
@@ -197,16 +214,16 @@ class TransformersEngine:
             check_request(r)
         if not requests:
             return []
-        texts = [self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests]
         with self._lock:  # one generate at a time; load_weights waits for it (and it for load_weights)
-            prompt_ids = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+            version = self._version  # taken with the batch: a load_weights after it cannot relabel these outputs
+            prompt_ids = encode_prompts(self.tokenizer, requests)
             # Seeds are drawn in request order, so results do not depend on how requests are chunked.
             seeds = [r.sampling.seed if r.sampling.seed is not None else self._rng.getrandbits(63) for r in requests]
             outputs: list[GenerationOutput | None] = [None] * len(requests)
             runnable = []
             for i, ids in enumerate(prompt_ids):
                 if len(ids) >= self.max_context:  # no room for a single token: nothing is generated
-                    outputs[i] = GenerationOutput("", list(ids), [], [], "length")
+                    outputs[i] = GenerationOutput("", list(ids), [], [], "length", version)
                 else:
                     runnable.append(i)
             # Similar prompt lengths and budgets share a chunk: less padding, fewer idle rows.
@@ -217,6 +234,7 @@ class TransformersEngine:
                     [requests[i] for i in chunk], [prompt_ids[i] for i in chunk], [seeds[i] for i in chunk]
                 )
                 for i, out in zip(chunk, outs):
+                    out.weight_version = version
                     outputs[i] = out
         return outputs  # type: ignore[return-value]
 
@@ -267,9 +285,7 @@ class TransformersEngine:
                 done_l = done.tolist()
                 for j, r in enumerate(active):
                     if stops[r]:
-                        text = self.tokenizer.decode(
-                            tokens[r, : step + 1].tolist(), skip_special_tokens=True, clean_up_tokenization_spaces=False
-                        )
+                        text = decode_completion(self.tokenizer, tokens[r, : step + 1].tolist())
                         if any(s in text for s in stops[r]):
                             stop_hit[r] = done_l[j] = True
                 done = torch.tensor(done_l, device=dev)
@@ -291,7 +307,7 @@ class TransformersEngine:
         outs = []
         for r in range(n):
             ids, lps = tokens_l[r][: lengths[r]], logprobs_l[r][: lengths[r]]
-            text = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            text = decode_completion(self.tokenizer, ids)
             if stop_hit[r]:
                 text = text[: min(text.find(s) for s in stops[r] if s in text)]
             reason = "stop" if stop_hit[r] or (ids and ids[-1] in self.eos_ids) else "length"
@@ -304,79 +320,15 @@ class TransformersEngine:
         return DynamicCache(config=self.model.config)
 
 
-class VLLMEngine:
-    """The same interface over `vllm.LLM`, for GPU clusters.
-
-    NOT EXERCISED IN THIS REPOSITORY'S TESTS: vLLM cannot be installed or run where whale-ray is developed,
-    so this class has never been run. It is a minimal sketch of the mapping, to be verified on a GPU
-    machine before use. Known points to check there: vLLM reports log-probs of the raw model distribution
-    unless its `logprobs_mode` is set to processed log-probs; whether `token_ids` keep the eos and how stop
-    strings cut them; `LLM.apply_model` for in-place weight loading exists only in recent vLLM versions.
-    `device` is accepted for interface parity and ignored (vLLM places the model itself).
-    """
-
-    def __init__(
-        self, model_path: Path | str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 64, seed: int = 0,
-        **llm_kwargs: Any,
-    ) -> None:
-        try:
-            import vllm
-        except ImportError as e:
-            raise ImportError(
-                "the vLLM engine needs the vllm package: install whale-ray with the `vllm` extra "
-                "(pip install 'whale-ray[vllm]') on a machine with a supported GPU, or use engine 'transformers'"
-            ) from e
-        self._vllm = vllm
-        path = check_checkpoint_dir(model_path)
-        self.llm = vllm.LLM(model=str(path), dtype=dtype, seed=seed, max_num_seqs=max_batch, **llm_kwargs)
-        self.tokenizer = self.llm.get_tokenizer()
-        self._version = 0
-        self._lock = threading.Lock()
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
-        for r in requests:
-            check_request(r)
-        prompts = [
-            self.tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests
-        ]
-        prompt_ids = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in prompts]
-        params = [
-            self._vllm.SamplingParams(
-                n=1, temperature=r.sampling.temperature, top_k=r.sampling.top_k if r.sampling.top_k > 0 else -1,
-                top_p=r.sampling.top_p, max_tokens=r.sampling.max_tokens, stop=list(r.sampling.stop),
-                seed=r.sampling.seed, logprobs=0, skip_special_tokens=True,
-            )
-            for r in requests
-        ]
-        with self._lock:
-            results = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], params, use_tqdm=False)
-        outs = []
-        for ids, res in zip(prompt_ids, results):
-            c = res.outputs[0]
-            lps = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
-            reason = "stop" if c.finish_reason == "stop" else "length"
-            outs.append(GenerationOutput(c.text, list(ids), list(c.token_ids), lps, reason))
-        return outs
-
-    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        items = list(state_dict.items())
-        with self._lock:
-            self.llm.apply_model(lambda model: model.load_weights(items))
-            self._version = int(version)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        raise NotImplementedError("VLLMEngine.state_dict: read the trainer's weights instead")
-
-
-ENGINES = {"transformers": TransformersEngine, "vllm": VLLMEngine}
+ENGINES = ("transformers", "vllm")
 
 
 def make_engine(kind: str, model_path: Path | str, **kw: Any) -> Engine:
     """An engine by name: 'transformers' (default, CPU or GPU) or 'vllm' (GPU; needs the vllm extra)."""
     if kind not in ENGINES:
         raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
-    return ENGINES[kind](model_path, **kw)
+    if kind == "vllm":
+        from whale_ray.policy.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, **kw)
+    return TransformersEngine(model_path, **kw)

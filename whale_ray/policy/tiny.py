@@ -160,20 +160,33 @@ def check_checkpoint_dir(model_path: Path | str) -> Path:
     return path
 
 
-def load_policy(
-    model_path: Path | str, *, device: str = "cpu", dtype: Any = "auto"
-) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
-    """(model, tokenizer) from a local checkpoint directory, in eval mode, never touching the network."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load_tokenizer(model_path: Path | str) -> "PreTrainedTokenizerBase":
+    """The checkpoint's tokenizer (it must have a chat template), never touching the network; every engine
+    renders prompts with it on the trusted side."""
+    from transformers import AutoTokenizer
 
     path = check_checkpoint_dir(model_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"policy checkpoint {path}: could not be loaded ({e})") from e
     if tokenizer.chat_template is None:
         raise CheckpointError(f"policy checkpoint {path}: the tokenizer has no chat template")
+    return tokenizer
+
+
+def load_policy(
+    model_path: Path | str, *, device: str = "cpu", dtype: Any = "auto"
+) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+    """(model, tokenizer) from a local checkpoint directory, in eval mode, never touching the network."""
+    from transformers import AutoModelForCausalLM
+
+    path = check_checkpoint_dir(model_path)
+    tokenizer = load_tokenizer(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"policy checkpoint {path}: could not be loaded ({e})") from e
     model.to(device)
     model.eval()
     return model, tokenizer
