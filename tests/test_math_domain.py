@@ -249,13 +249,21 @@ def test_file_splits_disjoint_and_sized(tmp_path):
     cfg = _file_config(tmp_path, n_weight=30, n_harness=10, n_val=5)
     splits = DOMAIN.load_splits(cfg, seed=3)
     assert splits.sizes() == {"weight": 30, "harness": 10, "val": 5, "test": 3}
-    assert [t.question for t in splits.test] == ["aime a", "shared with the test", "aime b"]
+    assert sorted(t.question for t in splits.test) == ["aime a", "aime b", "shared with the test"]
     train_q = [t.question for s in (splits.weight, splits.harness, splits.val) for t in s]
     assert len(set(train_q)) == len(train_q) == 45 and "shared with the test" not in train_q
     again = DOMAIN.load_splits(cfg, seed=3)
     assert [t.id for t in again.val] == [t.id for t in splits.val]
     other = DOMAIN.load_splits(cfg, seed=4)
     assert [t.id for t in other.val] != [t.id for t in splits.val]
+
+
+def test_file_splits_honour_n_test(tmp_path):
+    splits = DOMAIN.load_splits(_file_config(tmp_path, n_weight=30, n_harness=10, n_val=5, n_test=2), seed=3)
+    assert len(splits.test) == 2
+    assert sorted(t.meta["source"] for t in splits.test) == ["aime24", "aime25"]  # spread over the test files
+    train_q = {t.question for s in (splits.weight, splits.harness, splits.val) for t in s}
+    assert not train_q & {"aime a", "shared with the test", "aime b"}  # test problems left out stay out of training
 
 
 def test_file_splits_weight_gets_the_rest(tmp_path):

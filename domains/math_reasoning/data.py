@@ -170,10 +170,14 @@ def load_aime(path: Path | str) -> list[Task]:
 
 
 def _file_splits(data: "DataConfig", seed: int) -> Splits:
+    """D_test: n_test problems of the test files; D_val, D_harness and D_weight, in that order, from a seeded
+    shuffle of the train file without any test problem."""
     assert data.train_path is not None  # DataConfig checks it for source "files"
-    test = distinct_questions(t for p in data.test_paths for t in load_tasks(p))
-    clean = without_test_questions(load_tasks(data.train_path), test, data.train_path, "problems")
+    test_all = distinct_questions(t for p in data.test_paths for t in load_tasks(p))
+    clean = without_test_questions(load_tasks(data.train_path), test_all, data.train_path, "problems")
     random.Random(seed).shuffle(clean)
+    # n_test of the test problems, spread evenly over their sources (AIME 2024 and 2025, say)
+    test = stratified_sample(test_all, data.n_test, "whale-math-test", seed, group=lambda t: t.meta["source"])
     return train_splits(clean, test, data, "problems")
 
 
