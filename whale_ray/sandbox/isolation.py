@@ -47,6 +47,11 @@ SCRATCH = "/scratch"  # the writable working directory and HOME inside the sandb
 SCRATCH_BYTES = 64 << 20  # size caps of the sandbox's tmpfs mounts (they live in host memory)
 TMP_BYTES = 32 << 20
 SHM_BYTES = 8 << 20
+# inode caps (host-side mounts, root only: mounts.py): each file costs kernel memory no byte cap counts
+SCRATCH_INODES = 8192
+TMP_INODES = 4096
+SHM_INODES = 1024
+PYTHON_MOUNT = "/python"  # where a mirrored interpreter is bound inside (a neutral path, not the host's prefix)
 
 _MIRROR_SKIP = {"site-packages", "dist-packages", "test", "tests", "idlelib", "tkinter", "turtledemo",
                 "ensurepip", "lib2to3"}
@@ -249,7 +254,11 @@ class BwrapLauncher:
     def __init__(self, bwrap: str, python: PythonRuntime, disable_userns: bool = True):
         self.bwrap = bwrap
         self.python = python
-        self.python_exe = python.exe
+        # A mirrored interpreter is bound at PYTHON_MOUNT: its path inside, and LD_LIBRARY_PATH for the
+        # libpython its absolute RUNPATH no longer reaches (sys.prefix follows the executable's location).
+        self.mirrored = python.bind_source is not None
+        self.python_exe = (os.path.join(PYTHON_MOUNT, os.path.relpath(python.exe, python.prefix)) if self.mirrored
+                           else python.exe)
         self.disable_userns = disable_userns  # bwrap >= 0.8: no nested user namespaces in the sandbox
         self._root = self._root_args()
 
@@ -260,8 +269,9 @@ class BwrapLauncher:
                 args += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 args += ["--ro-bind", top, top]
-        if self.python.bind_source is not None:
-            args += ["--ro-bind", self.python.bind_source, self.python.prefix]
+        if self.mirrored:
+            args += ["--ro-bind", self.python.bind_source, PYTHON_MOUNT,
+                     "--setenv", "LD_LIBRARY_PATH", os.path.join(PYTHON_MOUNT, "lib")]
         return args
 
     def inside(self, episode_dir: str) -> tuple[str, str]:
@@ -274,8 +284,11 @@ class BwrapLauncher:
                 "landlock": {"ro": ["/"], "rw": [SCRATCH, "/tmp", "/dev/shm"], "dev": ["/dev"]}}
 
     def command(self, *, episode_dir: str | None, child_argv: list[str], env: dict[str, str],
-                pass_fds: tuple[int, ...], info_fd: int | None, uid: int | None = None) -> Launch:
-        """`uid`: the host uid (and gid) to run as when running as root; None: SANDBOX_UID."""
+                pass_fds: tuple[int, ...], info_fd: int | None, uid: int | None = None,
+                binds: dict[str, str] | None = None) -> Launch:
+        """`uid`: the host uid (and gid) to run as when running as root; None: SANDBOX_UID. `binds`: host-side
+        tmpfs mounts (mounts.EpisodeMounts: "files", "scratch", "tmp", "shm") to bind in instead of bwrap's
+        own --tmpfs mounts and the episode directory."""
         argv = [self.bwrap, "--unshare-all", "--unshare-user"]
         if self.disable_userns:
             argv.append("--disable-userns")
@@ -283,17 +296,21 @@ class BwrapLauncher:
         for k, v in env.items():
             argv += ["--setenv", k, v]
         argv += self._root
-        argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
-                 "--remount-ro", "/dev", "--size", str(TMP_BYTES), "--tmpfs", "/tmp",
-                 "--size", str(SCRATCH_BYTES), "--tmpfs", SCRATCH]
-        if episode_dir is not None:
-            argv += ["--ro-bind", episode_dir, RUNTIME_MOUNT]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        if binds is not None:
+            argv += ["--bind", binds["shm"], "/dev/shm", "--remount-ro", "/dev", "--bind", binds["tmp"], "/tmp",
+                     "--bind", binds["scratch"], SCRATCH, "--ro-bind", binds["files"], RUNTIME_MOUNT]
+        else:
+            argv += ["--size", str(SHM_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+                     "--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--size", str(SCRATCH_BYTES), "--tmpfs", SCRATCH]
+            if episode_dir is not None:
+                argv += ["--ro-bind", episode_dir, RUNTIME_MOUNT]
         argv += ["--remount-ro", "/", "--chdir", SCRATCH]
         fds = tuple(pass_fds)
         if info_fd is not None:
             argv += ["--info-fd", str(info_fd)]
             fds += (info_fd,)
-        argv += ["--", self.python.exe, *self.python.flags, *child_argv]
+        argv += ["--", self.python_exe, *self.python.flags, *child_argv]
         root = running_as_root()
         user = (SANDBOX_UID if uid is None else uid) if root else None
         group = (SANDBOX_GID if uid is None else uid) if root else None
@@ -367,7 +384,7 @@ def _probe() -> str | None:
     _probe_result.update(path=bwrap, disable_userns=disable_userns)
     launcher = BwrapLauncher(bwrap, python, disable_userns)
     launch = launcher.command(episode_dir=None, child_argv=["-c", "import sys; sys.exit(0)"],
-                              env=sandbox_env(0, "/tmp", python.exe), pass_fds=(), info_fd=None)
+                              env=sandbox_env(0, "/tmp", launcher.python_exe), pass_fds=(), info_fd=None)
     try:
         proc = subprocess.run(
             launch.argv, env=launch.env, cwd=launch.cwd, stdin=subprocess.DEVNULL, capture_output=True,

@@ -77,6 +77,7 @@ from whale_ray.records import EpisodeResult, ModelCall, SamplingParams
 from whale_ray.sandbox import isolation
 from whale_ray.sandbox.cgroup import EpisodeCgroup, cgroup_layer
 from whale_ray.sandbox.isolation import SetupError
+from whale_ray.sandbox.mounts import EpisodeMounts
 
 GenerateFn = Callable[[list[dict], SamplingParams], ModelCall]
 
@@ -548,23 +549,24 @@ class _Episode:
                 except OSError as e:
                     return _result("sandbox_setup_error", f"cannot create the episode's cgroup: {e}", self.t0)
             try:
-                episode_dir = tempfile.mkdtemp(prefix="whale-sbx-")
+                mounts = EpisodeMounts(self.uid, tmpfs=isinstance(self.launcher, isolation.BwrapLauncher))
             except OSError as e:
                 return _result("sandbox_setup_error", f"cannot create the episode directory: {e}", self.t0)
             try:
-                return self._run_in(episode_dir, harness_name, harness, tools, init)
+                return self._run_in(mounts, harness_name, harness, tools, init)
             finally:
-                _rmtree(episode_dir)
+                mounts.close()
         finally:
             if self.cgroup is not None:
                 self.cgroup.remove()  # kills anything still in it first
             if self.uid is not None:
                 UID_POOL.release(self.uid)
 
-    def _run_in(self, episode_dir: str, harness_name: str, harness: bytes, tools: bytes | None,
+    def _run_in(self, mounts: EpisodeMounts, harness_name: str, harness: bytes, tools: bytes | None,
                 init: dict[str, Any]) -> EpisodeResult:
         launcher = self.launcher
         namespaced = isinstance(launcher, isolation.BwrapLauncher)
+        episode_dir = mounts.files
         files, home = launcher.inside(episode_dir)
         try:
             os.chmod(episode_dir, 0o755)  # readable (not writable) by the sandbox's uid
@@ -593,8 +595,9 @@ class _Episode:
             child_fd = child_sock.fileno()
             child_argv = [f"{files}/{RUNTIME_DIR}/{_CHILD_NAME}", str(child_fd), json.dumps(rlimits)]
             env = isolation.sandbox_env(self.seed, home, launcher.python_exe)
+            extra = {"binds": mounts.binds} if mounts.binds is not None else {}
             launch = launcher.command(episode_dir=episode_dir, child_argv=child_argv, env=env, pass_fds=(child_fd,),
-                                      info_fd=info_w, uid=self.uid)
+                                      info_fd=info_w, uid=self.uid, **extra)
             self.deadline = time.monotonic() + lim.wall_s
             try:
                 self.proc = subprocess.Popen(
