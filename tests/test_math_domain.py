@@ -409,6 +409,39 @@ def test_example_tool_conversation_is_exact():
 
 
 @pytest.mark.parametrize("response,gold,expected", [
+    # what real models write around a correct integer inside the last box
+    ("\\boxed{\\text{204}}", "204", 1.0),
+    ("\\boxed{\\textbf{204}}", "204", 1.0),
+    ("\\boxed{\\mathrm{204}}", "204", 1.0),
+    ("\\boxed{\\textbf{\\text{204}}}", "204", 1.0),
+    ("\\boxed{60^\\circ}", "60", 1.0),
+    ("\\boxed{60^{\\circ}}", "60", 1.0),
+    ("\\boxed{60°}", "60", 1.0),
+    ("\\boxed{14 \\text{ cm}}", "14", 1.0),
+    ("\\boxed{14\\text{ cm}^2}", "14", 0.0),  # a unit with a power is not taken off
+    ("\\boxed{14 dollars}", "14", 1.0),
+    ("\\boxed{x = 14}", "14", 1.0),
+    ("\\boxed{n=14}", "14", 1.0),
+    ("\\boxed{1{,}000}", "1000", 1.0),
+    ("\\boxed{1\\,000}", "1000", 1.0),
+    ("\\boxed{\u22127}", "-7", 1.0),  # a Unicode minus
+    ("\\boxed{\\text{\u22127}}", "-7", 1.0),
+    ("\\boxed{50\\%}", "50", 1.0),
+    ("\\boxed{\\$14}", "14", 1.0),
+    # only inside the last box, and never a different number
+    ("\\text{204}", "204", 0.0),
+    ("x = 204", "204", 0.0),
+    ("\\boxed{x = 204} then \\boxed{3}", "204", 0.0),
+    ("\\boxed{\\text{2040}}", "204", 0.0),
+    ("\\boxed{x = 14 + 1}", "14", 0.0),
+    ("\\boxed{\\text{east}}", "east", 0.0),  # text golds keep the exact string match
+])
+def test_verifier_normalises_inside_the_last_box(response, gold, expected):
+    assert verifier.verify(Task(id="t", question="q", answer=gold), response) == expected
+
+
+
+@pytest.mark.parametrize("response,gold,expected", [
     ("\\boxed{14}", "14", 1.0),
     ("so the result is \\boxed{ 14 }.", "14", 1.0),
     ("\\boxed{\\frac{1}{2}}", "1/2", 1.0),

@@ -6,8 +6,15 @@ A response is accepted when the content of its LAST \\boxed{...} (braces balance
   - thousands commas go from plain integers ("1,000" -> "1000");
   - when both sides parse as numbers (integer, decimal, a/b or \\frac{a}{b}, with a sign) they are
     compared exactly as fractions.Fraction values ("0.5" == "1/2" == "\\frac{1}{2}");
+  - when the gold is a number and the box's content is not, the decorations real models write around a
+    number inside the box are taken off first (`numeric_core`): \\text{} / \\textbf{} / \\mathrm{} /
+    \\mathbf{} wrappers, degree marks (^\\circ, °), units after the number ("14 cm", "14\\text{ cm}"),
+    a "x =" in front, TeX thousands separators (1{,}000, 1\\,000), "%" / "$" signs and a Unicode minus;
   - otherwise the normalised strings, with all whitespace removed, must be equal.
-No \\boxed{} (for instance "The answer is 14.") scores 0, and so does a None response.
+No \\boxed{} (for instance "The answer is 14.") scores 0, and so does a None response: only the content of
+the last box is ever normalised. The WHALE repository's verifier compares the last box's content with
+the gold as an exact string, so a response like \\boxed{\\text{14}} or \\boxed{x = 14} scores 1 here
+and 0 there (see skill.md).
 """
 
 from __future__ import annotations
@@ -23,6 +30,12 @@ _INT_WITH_COMMAS = re.compile(r"[+-]?\d{1,3}(,\d{3})+")
 _DECIMAL = re.compile(r"[+-]?(\d+(\.\d+)?|\.\d+)")
 _RATIO = re.compile(r"([+-]?\d+)/([+-]?\d+)")
 _FRAC = re.compile(r"([+-]?)\\[dt]?frac\{([+-]?\d+)\}\{([+-]?\d+)\}")
+# Decorations around a number inside the box (numeric_core).
+_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
+_DEGREE = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\degree|°")
+_VARIABLE = re.compile(r"^[A-Za-z]\s*=\s*")
+_UNIT = re.compile(r"^([+-]?[\d.,/]+)\s*[A-Za-z][A-Za-z\s.]*$")  # a number, then words: "14 cm", "5 dollars"
+_SEPARATORS = ("{,}", "\\,", "\\ ", "\\!", "\\%", "%", "\\$", "$")
 
 
 def last_boxed(text: str) -> str | None:
@@ -69,9 +82,27 @@ def as_number(s: str) -> Fraction | None:
     return sign * Fraction(int(num), int(den))
 
 
+def numeric_core(s: str) -> str:
+    """The number a box's content writes, without the decorations around it ("\\text{x} = 1{,}000 cm" ->
+    "1000"); other content comes back normalised but otherwise as it was."""
+    s = s.replace("\u2212", "-")
+    unwrapped = None
+    while unwrapped != s:  # nested wrappers: \\textbf{\\text{14}}
+        unwrapped, s = s, _WRAPPER.sub(r"\1", s)
+    s = _DEGREE.sub("", s)
+    for sep in _SEPARATORS:
+        s = s.replace(sep, "," if sep == "{,}" else "")
+    s = _VARIABLE.sub("", s.strip())
+    if m := _UNIT.fullmatch(s.strip()):
+        s = m.group(1)
+    return normalize(s)
+
+
 def answers_match(predicted: str, gold: str) -> bool:
     p, g = normalize(predicted), normalize(gold)
     pn, gn = as_number(p), as_number(g)
+    if gn is not None and pn is None:
+        pn = as_number(numeric_core(p))
     if pn is not None and gn is not None:
         return pn == gn
     return re.sub(r"\s+", "", p) == re.sub(r"\s+", "", g)
