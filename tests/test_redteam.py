@@ -39,7 +39,9 @@ def score(result) -> float:
         from domains.math_reasoning.verifier import verify
     except ImportError:  # pragma: no cover
         return float(bool(result.answer) and "\\boxed{4}" in result.answer)
-    return float(verify(result.answer, GOLD))
+    from whale_ray.records import Task
+
+    return float(verify(Task(id=TASK["id"], question=TASK["question"], answer=GOLD), result.answer))
 
 
 def sandbox_uid_pids() -> list[int]:
@@ -369,6 +371,158 @@ def test_answer_that_lies_about_equality():
         def run(task, agent):
             return Liar("\\\\boxed{999}")
         """, "ok", answer="\\boxed{999}")
+
+
+# ------------------------------------------------- memory the address space does not see (issue 10)
+MEMORY_MB = 256
+CGROUP_MARGIN_MB = 16  # the kernel's count may overshoot its limit by a few pages in flight
+HOST_MARGIN_MB = 256  # /proc/meminfo is machine-wide: other processes of a shared machine move it too
+MEMORY_TABLE: list[tuple[str, str, float, float]] = []  # (case, status, cgroup peak MB, MemAvailable drop MB)
+
+
+def _available_mb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+def memory_attack(case: str, source: str, expected: str, *, answer_has: str | None = None):
+    """attack() with memory_mb=256, plus the host's memory: the cgroup's peak (the kernel's count) and the
+    drop of MemAvailable sampled every 10 ms during the episode; and no cgroup or mount left behind."""
+    from whale_ray.sandbox import cgroup
+
+    if cgroup.cgroup_layer() is None:
+        pytest.skip(f"no cgroup layer here: {cgroup.unavailable()}")
+    import threading
+
+    base, low, done = _available_mb(), [_available_mb()], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            low[0] = min(low[0], _available_mb())
+            time.sleep(0.01)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        r = attack(case, source, expected, memory_mb=MEMORY_MB, wall_s=20.0, max_s=25.0)
+    finally:
+        done.set()
+        t.join()
+    peak_mb = (r.peak_memory_bytes or 0) / 2**20
+    drop_mb = base - low[0]
+    MEMORY_TABLE.append((case, r.status, peak_mb, drop_mb))
+    assert r.peak_memory_bytes is not None, case
+    assert peak_mb <= MEMORY_MB + CGROUP_MARGIN_MB, (case, peak_mb)
+    assert drop_mb <= MEMORY_MB + HOST_MARGIN_MB, (case, drop_mb)
+    if expected == "memory_limit":
+        assert peak_mb >= 0.9 * MEMORY_MB, (case, peak_mb)  # it was the kernel's count that stopped it
+    if answer_has is not None:
+        assert answer_has in (r.answer or ""), (case, r.answer)
+    assert cgroup.leftovers() == [], case
+    with open("/proc/self/mountinfo") as f:
+        assert f"whale-sbx-{os.getpid()}-" not in f.read(), case
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"whale-sbx-{os.getpid()}-*")), case
+    return r
+
+
+def test_memfd_outside_the_address_space():
+    # 2 GiB in memfds written with write(): never mapped, so RLIMIT_AS does not see a byte of it
+    memory_attack("memfd 2 GiB (limit 256 MB)", """
+        import os
+        def run(task, agent):
+            fds, n = [], 0
+            while n < 2048:
+                fd = os.memfd_create("hold")
+                fds.append(fd)
+                for _ in range(6):
+                    os.write(fd, b"x" * (8 << 20))
+                    n += 8
+            return "held %d MB \\boxed{4}" % n
+        """, "memory_limit")
+
+
+def test_tmpfs_pages_and_anonymous_memory_together():
+    # every capped tmpfs filled (104 MB of file pages), then anonymous memory up to RLIMIT_AS
+    memory_attack("tmpfs full + heap (limit 256 MB)", """
+        def run(task, agent):
+            for d in ("/dev/shm", "/tmp", "/scratch"):
+                try:
+                    with open(d + "/fill", "wb") as f:
+                        while True:
+                            f.write(b"x" * (1 << 20))
+                except OSError:
+                    pass
+            held = []
+            while True:
+                held.append(bytearray(16 << 20))
+        """, "memory_limit")
+
+
+def test_many_small_files_hit_the_inode_cap():
+    # kernel memory (inodes, dentries) no byte cap sees: stopped by nr_inodes, long before the memory limit
+    memory_attack("2M empty files in tmpfs", """
+        def run(task, agent):
+            n, err = 0, ""
+            for d in ("/scratch", "/tmp", "/dev/shm"):
+                try:
+                    for i in range(2000000):
+                        open("%s/f%d" % (d, i), "w").close()
+                        n += 1
+                except OSError as e:
+                    err = e.strerror
+            return "stopped after %d files: %s" % (n, err)
+        """, "ok", answer_has="No space left on device")
+
+
+def test_shared_memory_mapped_then_unmapped():
+    # shared memory touched through a MAP_SHARED mapping and unmapped again: the address space is given
+    # back, the pages are not (they belong to the memfd, which the harness keeps open)
+    memory_attack("memfd mmap+munmap 2 GiB", """
+        import mmap, os
+        def run(task, agent):
+            fds = []
+            for _ in range(42):  # 42 x 48 MB
+                fd = os.memfd_create("shm")
+                os.ftruncate(fd, 48 << 20)
+                m = mmap.mmap(fd, 48 << 20, mmap.MAP_SHARED)
+                for i in range(0, 48 << 20, 4096):
+                    m[i] = 1
+                m.close()
+                fds.append(fd)
+            return "held 2 GiB \\boxed{4}"
+        """, "memory_limit")
+
+
+# ----------------------------------------------------------------- bad frames end one episode (issue 10)
+def test_nan_sampling_mid_episode():
+    attack("NaN in a generate frame", """
+        import os, struct
+        def run(task, agent):
+            agent.generate([{"role": "user", "content": "hi"}])  # a good call first
+            data = b'{"type":"generate","id":9,"messages":[{"role":"u","content":"x"}],"sampling":{"temperature":NaN}}'
+            os.write(agent._channel.fd, struct.pack(">I", len(data)) + data)
+            return agent._channel.recv()
+        """, "protocol_error")
+
+
+def test_huge_int_and_deep_nesting_in_the_result():
+    attack("huge int + deep nesting in result", """
+        import os, struct
+        def run(task, agent):
+            data = (b'{"type":"result","answer":"\\boxed{4}","events":[{"type":"x","n":' + b"9" * 4000 + b'}],'
+                    b'"deep":' + b"[" * 50000 + b"]" * 50000 + b'}')
+            os.write(agent._channel.fd, struct.pack(">I", len(data)) + data)
+            os._exit(0)
+        """, "protocol_error")
+
+
+def test_zz_print_memory_table():
+    lines = [f"{'memory case':34} {'status':15} {'cgroup peak MB':>15} {'MemAvailable drop MB':>21}"]
+    lines += [f"{c:34} {s:15} {p:15.1f} {d:21.1f}" for c, s, p, d in MEMORY_TABLE]
+    print("\n" + "\n".join(lines))
 
 
 def test_zz_print_table():

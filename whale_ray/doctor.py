@@ -196,10 +196,56 @@ def doctor_report() -> list[Row]:
         rows.append(("wall-clock kill", False, "host deadline only (no pid namespace without bubblewrap: "
                                                "unsafe_none kills the process group)"))
 
+    rows += _cgroup_rows(bwrap_error is None and bwrap is not None)
+
     d = SandboxLimits()
     rows.append(("output/RPC caps", True,
                  f"host-side, always on: stdout+stderr <= {d.max_output_bytes} B, <= {d.max_rpc_calls} RPC calls, "
                  f"<= {d.max_message_bytes} B per message (defaults; SandboxConfig overrides)"))
+    return rows
+
+
+_MEMFD_PROBE = """
+import os
+def run(task, agent):
+    fds = [os.memfd_create("probe") for _ in range(4)]
+    for fd in fds:  # 4 x 48 MB of shared memory: outside the address space, inside the cgroup's count
+        for _ in range(6):
+            os.write(fd, b"x" * (8 << 20))
+    return "held 192 MB"
+"""
+
+
+def _cgroup_rows(sandbox: bool) -> list[Row]:
+    """The cgroup layer (which version, which controllers), checked by an episode that holds memfd memory
+    over a 64 MB limit; and the tmpfs inode caps."""
+    from whale_ray.sandbox import cgroup, isolation, mounts
+    from whale_ray.sandbox.runner import SandboxLimits, run_episode
+
+    rows: list[Row] = []
+    layer = cgroup.cgroup_layer()
+    if layer is None:
+        rows.append(("cgroup (memory, pids)", False, f"{cgroup.unavailable()}; episodes still run"))
+    elif not sandbox:
+        rows.append(("cgroup (memory, pids)", False, f"{layer.describe()}; not checked: no sandbox to probe"))
+    else:
+        r = run_episode(_MEMFD_PROBE, {"id": "doctor", "question": ""}, generate=_no_model, tools_path=None,
+                        host_tools={}, limits=SandboxLimits(wall_s=10.0, memory_mb=64, isolation="bwrap"), seed=0)
+        peak = r.peak_memory_bytes
+        ok = r.status == "memory_limit" and not cgroup.leftovers()
+        rows.append(("cgroup (memory, pids)", ok,
+                     f"{layer.describe()}; a 64 MB episode holding 192 MB of memfd ended '{r.status}' "
+                     f"(peak {peak / 2**20 if peak else 0:.0f} MB by the kernel's count); shared memory, tmpfs "
+                     "pages and kernel memory count toward memory_mb"))
+    if mounts.host_mounts_available():
+        rows.append(("tmpfs inode caps", True,
+                     f"host-mounted tmpfs: /scratch {isolation.SCRATCH_BYTES >> 20} MB / {isolation.SCRATCH_INODES} "
+                     f"inodes, /tmp {isolation.TMP_BYTES >> 20} MB / {isolation.TMP_INODES}, /dev/shm "
+                     f"{isolation.SHM_BYTES >> 20} MB / {isolation.SHM_INODES}; episode paths stay out of the sandbox's mountinfo"))
+    else:
+        rows.append(("tmpfs inode caps", False,
+                     "needs root to mount the episode's tmpfs itself (bwrap's --tmpfs takes a size only): the "
+                     "number of files, and the kernel memory they cost, is unbounded but for the cgroup"))
     return rows
 
 
