@@ -31,7 +31,10 @@ def files(tmp_path):
     syntax.write_text("def run(task, agent):\n    return (\n")
     no_run = tmp_path / "norun.py"
     no_run.write_text("def solve(task):\n    return None\n")
-    return {"train": train, "nocol": no_column, "aime": aime, "syntax": syntax, "norun": no_run}
+    questions = tmp_path / "questions.jsonl"  # Search-R1 questions, not passages
+    questions.write_text('{"question": "Where is Velmora?", "golden_answers": ["Norvessa"]}\n'
+                         '{"question": "Who founded it?", "golden_answers": ["Oren"]}\n')
+    return {"train": train, "nocol": no_column, "aime": aime, "syntax": syntax, "norun": no_run, "questions": questions}
 
 
 def yaml_file(path, text) -> str:
@@ -60,6 +63,12 @@ def data_config(tmp_path, name, train, test) -> str:
         (["--config", "{missing_data}"], "nothere.parquet"),
         (["--config", "{no_column}"], "missing column 'reward_model'"),
         (["--domain", "search_qa", "--config", "{missing_corpus}"], "retrieval.corpus_path"),
+        # real files that are not a corpus: one line naming the file and its first bad line
+        (["--domain", "search_qa", "--config", "{questions_corpus}"],
+         'questions.jsonl: not a Search-R1 JSONL corpus, no usable passage in 2 lines; line 1: no "contents" string'),
+        (["--domain", "search_qa", "--config", "{parquet_corpus}"], "train.parquet: line 1 is not UTF-8 text"),
+        (["--config", "{foreign_section}"], "config key 'retrieval' belongs to domain 'search_qa'"),
+        (["--domain", "tests.no_such_domain"], "unknown domain 'tests.no_such_domain'"),
     ],
 )
 def test_bad_input_is_one_line_and_leaves_no_run_dir(case, needle, tmp_path, files):
@@ -68,6 +77,9 @@ def test_bad_input_is_one_line_and_leaves_no_run_dir(case, needle, tmp_path, fil
         "missing_data": data_config(tmp_path, "missing_data", tmp_path / "nothere.parquet", files["aime"]),
         "no_column": data_config(tmp_path, "no_column", files["nocol"], files["aime"]),
         "missing_corpus": yaml_file(tmp_path / "corpus.yaml", f"retrieval:\n  corpus_path: {tmp_path}/wiki.jsonl\n"),
+        "questions_corpus": yaml_file(tmp_path / "q.yaml", f"retrieval:\n  corpus_path: {files['questions']}\n"),
+        "parquet_corpus": yaml_file(tmp_path / "p.yaml", f"retrieval:\n  corpus_path: {files['train']}\n"),
+        "foreign_section": yaml_file(tmp_path / "f.yaml", "retrieval:\n  kind: bm25\n"),
     }
     args = [a.format(**subs) for a in case] + ["--run-dir", str(tmp_path / "run")]
     result = whale(*args, cwd=tmp_path)

@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build-policy":
             return cmd_build_policy(args)
     except (ConfigError, InputError) as e:
-        console.print(f"[red]whale: error:[/red] {e}", highlight=False)
+        console.print(f"[red]whale: error:[/red] {e}", highlight=False, soft_wrap=True)  # one line, however long
         return 2
     except KeyboardInterrupt:
         console.print("interrupted: finished work is saved; relaunch the same command to resume")

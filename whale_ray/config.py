@@ -230,7 +230,7 @@ class WhaleConfig(_Strict):
             if key in domain.config_model.model_fields:
                 sections[key] = data.pop(key)
             elif key not in cls.model_fields and (owner := section_owner(key)) is not None:
-                raise ValueError(f"config key {key!r} belongs to domain {owner!r}, and this run's domain is "
+                raise ValueError(f"config key {key!r} belongs to domain {owner!r}, not to this run's domain "
                                  f"{domain.name!r} (set domain: {owner}, or remove the {key} section)")
         try:
             data["domain_config"] = domain.config_model.model_validate(sections)
