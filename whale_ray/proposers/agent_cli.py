@@ -40,6 +40,7 @@ from whale_ray.proposer import Proposal, ProposerError
 from whale_ray.proposers.archive_tools import default_parent
 from whale_ray.proposers.prompts import overview, system_prompt
 from whale_ray.proposers.session import Limits, SessionLog, Usage, cost_usd, price_for, redact
+from whale_ray.sandbox.jail import CommandJail
 
 WORKSPACE = "/workspace"
 ARCHIVE = "/archive"
@@ -248,18 +249,24 @@ class AgentCLIProposer:
         return ws
 
     def _run(self, argv: list[str], timeout: float, log: SessionLog) -> str:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={}, cwd="/", start_new_session=True)
-        timed_out = False
+        # The harness sandbox's layers too: per-slot uid, cgroup, seccomp and Landlock (whale_ray/sandbox/jail.py)
+        jail = CommandJail(network=self.opts.network, writable=[argv[argv.index(WORKSPACE) - 1]])
         try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            proc = jail.popen(jail.wrap(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env={}, cwd="/")
+            timed_out = False
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            out, err = proc.communicate()
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                out, err = proc.communicate()
+        finally:
+            jail.close()
+            log.notes += jail.notes
         stdout = out.decode("utf-8", "replace")
         stderr = err.decode("utf-8", "replace")
         usage, reported_cost = parse_agent_usage(stdout)

@@ -88,8 +88,9 @@ _DENY = {
 }
 
 
-def _seccomp_program():
-    """The classic BPF filter, as bytes of struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}."""
+def _seccomp_program(families=(_AF_UNIX,)):
+    """The classic BPF filter, as bytes of struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}; socket() is
+    allowed for the address `families` only (a harness: AF_UNIX; a jailed agent with network: + IP, netlink)."""
     import struct
 
     def op(code, k, jt=0, jf=0):
@@ -105,9 +106,11 @@ def _seccomp_program():
         p += [op(_JEQ_K, number, 0, 1), op(_RET_K, eperm)]
     # clone3 passes its flags in memory that BPF cannot read: ENOSYS makes libc fall back to clone.
     p += [op(_JEQ_K, _SYS_CLONE3, 0, 1), op(_RET_K, _RET_ERRNO | _ENOSYS)]
-    # socket(): AF_UNIX only.
-    p += [op(_JEQ_K, _SYS_SOCKET, 0, 4), op(_LD_W_ABS, arg0), op(_JEQ_K, _AF_UNIX, 1, 0), op(_RET_K, eperm),
-          op(_RET_K, allow)]
+    # socket(): the allowed families only.
+    fams = sorted(set(families))
+    p += [op(_JEQ_K, _SYS_SOCKET, 0, 2 + len(fams) + 1), op(_LD_W_ABS, arg0)]
+    p += [op(_JEQ_K, f, len(fams) - i, 0) for i, f in enumerate(fams)]
+    p += [op(_RET_K, eperm), op(_RET_K, allow)]
     # ioctl(): no TIOCSTI / TIOCLINUX (terminal injection).
     p += [op(_JEQ_K, _SYS_IOCTL, 0, 5), op(_LD_W_ABS, arg1), op(_JEQ_K, _TIOCSTI, 2, 0),
           op(_JEQ_K, _TIOCLINUX, 1, 0), op(_RET_K, allow), op(_RET_K, eperm)]
@@ -132,13 +135,13 @@ def _prctl(ctypes, libc, *args):
         raise OSError(e, "prctl(%d): %s" % (args[0], os.strerror(e)))
 
 
-def _install_seccomp():
+def _install_seccomp(families=(_AF_UNIX,)):
     import platform
 
     if platform.machine() != "x86_64":
         return False
     ctypes, libc = _libc()
-    prog = _seccomp_program()
+    prog = _seccomp_program(families)
     buf = ctypes.create_string_buffer(prog, len(prog))
 
     class _SockFprog(ctypes.Structure):
@@ -182,7 +185,7 @@ def _install_landlock(cfg):
         fs |= _LL_FS_TRUNCATE
     if abi >= 5:
         fs |= _LL_FS_IOCTL_DEV
-    net = 3 if abi >= 4 else 0  # BIND_TCP | CONNECT_TCP, with no rule allowing any port
+    net = 3 if abi >= 4 and not cfg.get("tcp") else 0  # BIND_TCP | CONNECT_TCP, no rule allowing any port
     scoped = 3 if abi >= 6 else 0  # ABSTRACT_UNIX_SOCKET | SIGNAL
     attr = struct.pack("=QQQ", fs, net, scoped)[: 8 if abi < 4 else 16 if abi < 6 else 24]
     abuf = ctypes.create_string_buffer(attr, len(attr))
@@ -230,8 +233,31 @@ def _harden(cfg):
     if cfg.get("landlock"):
         applied["landlock_abi"] = _install_landlock(cfg["landlock"])
     if cfg.get("seccomp"):
-        applied["seccomp"] = _install_seccomp()
+        applied["seccomp"] = _install_seccomp(tuple(cfg.get("socket_families") or (_AF_UNIX,)))
     return applied
+
+
+def exec_jailed(argv):
+    """`child.pyc --exec GO_FD LAYERS_JSON -- COMMAND...`: a jailed command that is not a harness (the
+    agent-cli proposer's coding agent). Waits for the host's go byte on GO_FD (the host moves the jail into
+    its cgroup first), applies the Landlock/seccomp layers of LAYERS_JSON, and execs COMMAND: the layers
+    stay on across exec (no_new_privs) for it and everything it starts."""
+    go_fd, cfg, command = int(argv[0]), json.loads(argv[1]), argv[3:]
+    if os.read(go_fd, 1) != b"1":
+        os._exit(3)  # the host gave up on this jail
+    os.closerange(3, 1 << 16)  # the go pipe, and any descriptor bwrap's --bind-fd sources left open
+    if os.environ.get("LD_LIBRARY_PATH") == "/python/lib":
+        del os.environ["LD_LIBRARY_PATH"]  # for this interpreter only (jail.py), not for the command
+    try:
+        _harden(cfg)
+    except Exception as e:
+        sys.stderr.write("jail: could not apply the seccomp/Landlock layers: %s: %s\n" % (type(e).__name__, e))
+        os._exit(125)
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        sys.stderr.write("jail: cannot run %s: %s\n" % (command[0], e))
+        os._exit(127)
 
 
 # ---------------------------------------------------------------------------------------- channel
@@ -515,6 +541,8 @@ def _error(channel, kind, message, exc=None, events_json="[]"):
 
 
 def main():
+    if sys.argv[1] == "--exec":
+        exec_jailed(sys.argv[2:])
     fd = int(sys.argv[1])
     limits = json.loads(sys.argv[2])
     os.set_inheritable(fd, False)

@@ -269,10 +269,14 @@ class BwrapLauncher:
                 args += ["--symlink", os.readlink(top), top]
             elif os.path.isdir(top):
                 args += ["--ro-bind", top, top]
-        if self.mirrored:
-            args += ["--ro-bind", self.python.bind_source, PYTHON_MOUNT,
-                     "--setenv", "LD_LIBRARY_PATH", os.path.join(PYTHON_MOUNT, "lib")]
-        return args
+        return args + self.python_binds()
+
+    def python_binds(self) -> list[str]:
+        """bwrap arguments that make `python_exe` work inside (a mirrored interpreter at PYTHON_MOUNT)."""
+        if not self.mirrored:
+            return []
+        return ["--ro-bind", self.python.bind_source, PYTHON_MOUNT,
+                "--setenv", "LD_LIBRARY_PATH", os.path.join(PYTHON_MOUNT, "lib")]
 
     def inside(self, episode_dir: str) -> tuple[str, str]:
         """(where the episode's files are, the writable working directory) as the child sees them."""

@@ -53,6 +53,13 @@ def mount_tmpfs(target: str, size: int, inodes: int, mode: int, uid: int, gid: i
         raise OSError(e, f"mount tmpfs on {target}: {os.strerror(e)}")
 
 
+def bind_mount(source: str, target: str) -> None:
+    """mount --bind source target (root): a path another uid can reach for a source it cannot."""
+    if _syscalls().mount(source.encode(), target.encode(), None, ctypes.c_ulong(4096), None) != 0:  # MS_BIND
+        e = ctypes.get_errno()
+        raise OSError(e, f"bind {source} on {target}: {os.strerror(e)}")
+
+
 def detach(target: str) -> None:
     if _syscalls().umount2(target.encode(), _MNT_DETACH) != 0:
         e = ctypes.get_errno()
