@@ -19,7 +19,7 @@ from typing import Any, get_args
 
 from rich.console import Console
 
-from whale_ray.config import CONDITIONS, ConfigError, WhaleConfig, dump_config, load_config
+from whale_ray.config import CONDITIONS, ConfigError, WhaleConfig, load_config
 from whale_ray.domain import domain_names
 
 console = Console()
@@ -148,9 +148,10 @@ def check_inputs(cfg: WhaleConfig) -> None:
         if not model.is_dir() or not (model / "config.json").is_file():
             raise InputError(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
     check_proposer(cfg)
-    config_file = Path(cfg.run_dir) / "config.yaml"
-    if config_file.exists() and config_file.read_text() != dump_config(cfg):
-        raise InputError(f"--run-dir {cfg.run_dir}: holds a run with a different config; "
+    from whale_ray.loop import RunDirectory
+
+    if conflicts := RunDirectory(cfg.run_dir).config_conflicts(cfg):
+        raise InputError(f"--run-dir {cfg.run_dir}: holds a run with a different config ({'; '.join(conflicts[:5])}); "
                          "relaunch with the same options to resume, or choose another run directory")
 
 
@@ -158,7 +159,7 @@ def check_proposer(cfg: WhaleConfig) -> None:
     """The proposer can start: an API key for a non-loopback llm endpoint, bubblewrap for agent-cli."""
     hp = cfg.harness_phase
     if hp.proposer == "llm":
-        from whale_ray.proposer import ProposerError
+        from whale_ray.proposers.base import ProposerError
         from whale_ray.proposers.llm import resolve_api_key
 
         try:
@@ -193,6 +194,9 @@ def start_ray(address: str | None) -> None:
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address or os.environ["RAY_ADDRESS"], logging_level=logging.WARNING)
     else:
+        # A new local cluster turns on Ray's token authentication by default and warns about it on every
+        # run; saying so explicitly keeps it on without the warning (a user's own RAY_AUTH_MODE wins).
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
         # Logical CPUs above the core count: generation, training and sandboxes take turns, not all at once.
         ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False)
@@ -237,7 +241,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import ray
 
     from actors.coordinator import CoordinatorActor
-    from whale_ray.report import cycle_table, ledger_lines, metrics_table, write_report
+    from whale_ray.report import cycle_table, ledger_lines, mean_at, metrics_table, write_report
     from whale_ray.run_state import CycleRow, RunState
 
     coordinator = CoordinatorActor.remote(cfg.model_dump(mode="json"), model)
@@ -249,7 +253,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     report = write_report(cfg.run_dir, state)
     console.print(cycle_table([CycleRow(**r.model_dump()) for r in state.history], title="WHALE run summary"))
     if metrics := metrics_table(state.history):
-        console.print("D_test beyond mean@8 (θ*, h*):\n" + metrics, highlight=False)
+        console.print(f"D_test beyond {mean_at(state.history)} (θ*, h*):\n" + metrics, highlight=False)
     for line in ledger_lines(state):
         console.print(line, highlight=False)
     console.print(f"this launch: {time.perf_counter() - started:.1f} s")

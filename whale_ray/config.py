@@ -74,6 +74,15 @@ class WeightPhaseConfig(_Strict):
     sft_epochs_per_step: int = Field(1, gt=0)
     num_workers: int = Field(1, gt=0)  # Ray Train workers
     use_gpu: bool = False
+    # Checkpoint (and put on record) every N trained steps and at the phase's end; a relaunch redoes the steps
+    # after the last checkpoint with the same prompts and seeds.
+    checkpoint_every: int = Field(1, gt=0)
+    # Free the Ray Train workers' CPUs/GPUs for the harness phase; None: when they use GPUs.
+    release_workers: Optional[bool] = None
+
+    @property
+    def release_workers_after_phase(self) -> bool:
+        return self.use_gpu if self.release_workers is None else self.release_workers
 
 
 PROPOSER_KIND_NAMES = ("offline", "llm", "agent-cli")

@@ -13,8 +13,17 @@ COLUMNS = (
     ("cycle", "cycle"), ("phases", "phases"), ("weight_rollouts", "weight rollouts"),
     ("harness_rollouts", "harness rollouts"), ("train_reward", "train reward"),
     ("accepted_harness", "accepted h"), ("harness_success", "h success"), ("weight_version", "θ ver"),
-    ("val", "val"), ("best", "best (θ*,h*)"), ("test_mean8", "test mean@8"), ("wall_s", "wall s"),
+    ("val", "val"), ("best", "best (θ*,h*)"), ("test_mean8", "test mean@k"), ("wall_s", "wall s"),
 )
+
+
+def mean_at(rows: list[CycleRow]) -> str:
+    """"mean@k" with the run's k (eval.test_samples), as recorded in its rows."""
+    return f"mean@{rows[-1].test_samples if rows else 8}"
+
+
+def _headers(rows: list[CycleRow]) -> list[str]:
+    return [h.replace("mean@k", mean_at(rows)) for _, h in COLUMNS]
 
 
 def _cell(value: object, key: str = "") -> str:
@@ -32,7 +41,7 @@ def cycle_line(row: CycleRow) -> str:
     return (f"cycle {row.cycle} | {row.phases} | rollouts weight {row.weight_rollouts}, harness {row.harness_rollouts} "
             f"| train reward {_cell(row.train_reward)} | accepted {row.accepted_harness} "
             f"(D_harness {_cell(row.harness_success)}) | θ v{row.weight_version} | val {_cell(row.val)} "
-            f"| best {row.best} | test mean@8 {_cell(row.test_mean8)}{_metrics_text(row)} | {row.wall_s:.0f} s")
+            f"| best {row.best} | test {mean_at([row])} {_cell(row.test_mean8)}{_metrics_text(row)} | {row.wall_s:.0f} s")
 
 
 def _metrics_text(row: CycleRow) -> str:
@@ -41,11 +50,11 @@ def _metrics_text(row: CycleRow) -> str:
 
 
 def metrics_table(rows: list[CycleRow]) -> str:
-    """D_test of (θ*, h*) beyond mean@8, one row per cycle: truncation rate, domain metrics, per-group means."""
+    """D_test of (θ*, h*) beyond mean@k, one row per cycle: truncation rate, domain metrics, per-group means."""
     keys = sorted({k for r in rows for k in r.test_metrics}, key=lambda k: (k.startswith("group:"), k))
     if not keys:
         return ""
-    lines = ["| cycle | test mean@8 | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+    lines = [f"| cycle | test {mean_at(rows)} | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
              "|" + "---|" * (len(keys) + 2)]
     lines += [f"| {r.cycle} | {_cell(r.test_mean8)} | " + " | ".join(_cell(r.test_metrics.get(k)) for k in keys) + " |"
               for r in rows]
@@ -54,7 +63,7 @@ def metrics_table(rows: list[CycleRow]) -> str:
 
 def cycle_table(rows: list[CycleRow], title: str = "WHALE run") -> Table:
     table = Table(title=title)
-    for _, header in COLUMNS:
+    for header in _headers(rows):
         table.add_column(header, justify="right" if header not in ("phases", "accepted h", "best (θ*,h*)") else "left")
     for row in rows:
         table.add_row(*(_cell(getattr(row, key), key) for key, _ in COLUMNS))
@@ -62,7 +71,7 @@ def cycle_table(rows: list[CycleRow], title: str = "WHALE run") -> Table:
 
 
 def markdown_table(rows: list[CycleRow]) -> str:
-    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(_headers(rows)) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cell(getattr(r, k), k) for k, _ in COLUMNS) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -110,14 +119,14 @@ def write_report(run_dir: Path, state: RunState) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     metrics = metrics_table(state.history)
     text = "\n".join(["# WHALE run summary", "", markdown_table(state.history), "",
-                      *(["D_test beyond mean@8 (θ*, h*):", "", metrics, ""] if metrics else []),
+                      *([f"D_test beyond {mean_at(state.history)} (θ*, h*):", "", metrics, ""] if metrics else []),
                       *(f"- {line}" for line in ledger_lines(state)), ""])
     atomic_write_text(out / "summary.md", text)
 
     if state.history:
         cycles = [r.cycle for r in state.history]
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(cycles, [r.test_mean8 for r in state.history], marker="o", label="test mean@8 (θ*, h*)")
+        ax.plot(cycles, [r.test_mean8 for r in state.history], marker="o", label=f"test {mean_at(state.history)} (θ*, h*)")
         ax.plot(cycles, [r.val for r in state.history], marker="s", label="val (current θ, h)")
         train = [(r.cycle, r.train_reward) for r in state.history if r.train_reward is not None]
         if train:

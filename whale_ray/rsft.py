@@ -68,6 +68,40 @@ def accepted_examples(rollouts: Iterable[Any]) -> list[SFTExample]:
     return out
 
 
+def conversations(calls: list[dict[str, Any]]) -> list[list[int]]:
+    """The model calls of one episode (trace entries: "messages", "completion") as conversations: index
+    chains from a first call to a last one. Call j continues call i when j's messages begin with i's and
+    the next message is an assistant turn (the one with i's completion, where several calls qualify)."""
+    parent: list[int | None] = []
+    for j, cj in enumerate(calls):
+        mj = cj.get("messages") or []
+        fits = [i for i in range(j) if len(mj) > len(calls[i].get("messages") or [])
+                and mj[:len(calls[i].get("messages") or [])] == (calls[i].get("messages") or [])
+                and (mj[len(calls[i].get("messages") or [])] or {}).get("role") == "assistant"]
+        exact = [i for i in fits if mj[len(calls[i].get("messages") or [])].get("content") == calls[i].get("completion")]
+        parent.append((exact or fits or [None])[-1])
+    leaves = [j for j in range(len(calls)) if j not in parent]
+    chains = []
+    for leaf in leaves:
+        chain, node = [], leaf
+        while node is not None:
+            chain.append(node)
+            node = parent[node]
+        chains.append(chain[::-1])
+    return chains
+
+
+def accepted_calls(calls: list[dict[str, Any]], accepts: Callable[[str], bool]) -> list[int]:
+    """Which calls of an accepted episode may train: all of them when the episode is one conversation (its
+    reward is that conversation's). When it holds several (votes, restarts), only the calls of conversations
+    whose last completion `accepts` (the verifier on that text): a losing vote is not a verified sample."""
+    chains = conversations(calls)
+    if len(chains) <= 1:
+        return list(range(len(calls)))
+    keep = {i for chain in chains if accepts(calls[chain[-1]].get("completion") or "") for i in chain}
+    return sorted(keep)
+
+
 def truncate(prompt: list[int], completion: list[int], max_len: int | None) -> SFTExample:
     """Fit one example into `max_len` tokens.
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from whale_ray.storage import atomic_write_text
 
@@ -77,13 +77,43 @@ class CycleRow(BaseModel):
     val: float
     best_val: float
     best: str
-    test_mean8: float
+    test_mean8: float  # mean@k of (θ*, h*) on D_test; the name keeps the paper's k = 8 for old run directories
+    test_samples: int = 8  # k (eval.test_samples)
     wall_s: float
     # D_test of (θ*, h*) beyond mean@8: truncation_rate, the domain's metrics, "group:<name>" means
     test_metrics: dict[str, float] = Field(default_factory=dict)
 
 
+RolloutPhase = Literal["weight", "validate", "harness", "val", "test"]
+STATE_VERSION = 2  # 1: rollout files and evaluations keyed by strings ("test|v3|c004|8"); 2: typed records
+
+
+class RolloutFile(BaseModel):
+    """A rollouts/<name>.parquet on record: only files on record count, and each counts once."""
+
+    name: str
+    phase: RolloutPhase
+    cycle: int  # the cycle whose work it was (for val/test: the cycle that asked for the evaluation)
+    rows: int
+
+
+class Evaluation(BaseModel):
+    """The mean reward (and split_metrics) of `samples` episodes per task of a split, for one (θ, h) pair."""
+
+    split: Literal["val", "test"]
+    weight_version: int
+    harness_id: str
+    samples: int
+    mean: float
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    def same_pair(self, split: str, weight_version: int, harness_id: str, samples: int) -> bool:
+        return (self.split, self.weight_version, self.harness_id, self.samples) == (
+            split, weight_version, harness_id, samples)
+
+
 class RunState(BaseModel):
+    version: int = STATE_VERSION
     finished: bool = False
     cycle: int = 0
     phase: Optional[PhaseProgress] = None
@@ -96,13 +126,35 @@ class RunState(BaseModel):
     ledger: Ledger = Field(default_factory=Ledger)
     cycle_start: Optional[Ledger] = None  # the ledger when the current cycle began
     history: list[CycleRow] = Field(default_factory=list)
-    eval_cache: dict[str, float] = Field(default_factory=dict)
-    eval_metrics: dict[str, dict[str, float]] = Field(default_factory=dict)  # same keys as eval_cache
+    evaluations: list[Evaluation] = Field(default_factory=list)
     phase_wall_s: dict[str, float] = Field(default_factory=dict)
-    rollout_files: dict[str, int] = Field(default_factory=dict)  # rollouts/<name>.parquet on record: rows
+    cycle_wall_s: float = 0.0  # the current cycle's work so far, over every launch
+    rollout_files: list[RolloutFile] = Field(default_factory=list)
+    train_steps: list[str] = Field(default_factory=list)  # train/<name>.json on record
     phases_done: list[str] = Field(default_factory=list)  # "cycle:kind:units", in the order they finished
     # proposer sessions on record ("iter-0007/session", "iter-0007/aborted-1"): their usage, counted once
     proposer_sessions: dict[str, dict[str, Union[int, float]]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        """A state.json written by an older whale-ray (version 1) is read into today's typed records."""
+        if not isinstance(data, dict) or data.get("version", 1) >= STATE_VERSION:
+            return data
+        data = dict(data, version=STATE_VERSION)
+        files = data.get("rollout_files") or {}
+        if isinstance(files, dict):  # the phase was the file name's prefix
+            data["rollout_files"] = [{"name": n, "phase": n.split("-", 1)[0], "rows": rows,
+                                      "cycle": int(n.split("-")[1][1:]) if n.split("-")[1][:1] == "c" else -1}
+                                     for n, rows in files.items()]
+        cache, metrics = data.pop("eval_cache", {}) or {}, data.pop("eval_metrics", {}) or {}
+        evaluations = []
+        for key, mean in cache.items():  # "test|v3|c004|8"
+            split, version, harness_id, samples = key.split("|")
+            evaluations.append({"split": split, "weight_version": int(version[1:]), "harness_id": harness_id,
+                                "samples": int(samples), "mean": mean, "metrics": metrics.get(key, {})})
+        data.setdefault("evaluations", evaluations)
+        return data
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunState | None":

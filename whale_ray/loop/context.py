@@ -1,0 +1,92 @@
+"""What the loop is handed: the roles it drives (as plain Python protocols) and the run's shared parts.
+
+The roles are the design card's long-lived actors. The Coordinator actor hands in thin adapters over Ray
+actor handles (actors/coordinator.py); tests hand in in-process objects. The loop never imports Ray.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from whale_ray.archive import Archive
+from whale_ray.config import WhaleConfig
+from whale_ray.domain import Domain, Splits
+from whale_ray.loop.run_dir import RunDirectory
+from whale_ray.records import EpisodeJob, EpisodeResult, Task
+
+
+class Policy(Protocol):
+    def load_weights(self, weights: Any, version: int) -> int: ...
+
+
+class Trainer(Protocol):
+    def train_step(self, examples: list[tuple[list[int], list[int]]]) -> dict[str, Any]: ...
+    def latest_weights(self) -> Any: ...  # opaque to the loop: an object ref on a cluster
+    def save_checkpoint(self, path: str) -> str: ...
+    def load_checkpoint(self, path: str) -> None: ...
+    def release_workers(self) -> None: ...
+
+
+class Proposer(Protocol):
+    def session(self, archive_root: str, n: int, iteration: int, limits: dict[str, Any] | None,
+                log_path: str | None) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class EpisodeWork:
+    """Episodes of one harness: its source text travels to the evaluators, never its archive folder."""
+
+    harness_source: str
+    harness_name: str
+    jobs: list[EpisodeJob]
+
+
+class EpisodePool(Protocol):
+    def run(self, work: list[EpisodeWork], on_done: Callable[[int], None]) -> list[list[EpisodeResult]]:
+        """Every job of every item, in order; `on_done(n)` as each n episodes finish."""
+
+
+@dataclass
+class Roles:
+    policy: Policy
+    pool: EpisodePool
+    proposer: Proposer
+    trainer: Trainer | None = None  # None when the schedule has no weight phase
+
+
+@dataclass
+class Progress:
+    """What the driver shows while the run works; read from another thread."""
+
+    cycle: int = 0
+    cycles: int = 0
+    phase: str = "starting"
+    detail: str = ""
+    done: int = 0
+    total: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def set(self, **fields: Any) -> None:
+        with self._lock:
+            for k, v in fields.items():
+                setattr(self, k, v)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+
+@dataclass
+class RunContext:
+    """The parts every phase shares."""
+
+    cfg: WhaleConfig
+    domain: Domain
+    splits: Splits
+    verifier: Callable[[Task, str | None], float]
+    run: RunDirectory
+    archive: Archive
+    roles: Roles
+    progress: Progress

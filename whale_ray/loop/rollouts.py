@@ -1,0 +1,78 @@
+"""One rollout path for both phases: (harness, task, seed, weight version) in, scored Rollouts out.
+
+Episodes run in the pool; the verifier scores them here, in the trusted process, so neither the gold
+answer nor the verifier ever reaches an evaluator's sandbox.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from whale_ray.loop.context import EpisodeWork, RunContext
+from whale_ray.records import EpisodeJob, Rollout, Task
+
+
+def episode_seed(*parts: Any) -> int:
+    """A seed from what identifies an episode, so a redone episode replays token for token."""
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 1
+
+
+def split_metrics(rollouts: list[Rollout], tasks: dict[str, Task]) -> dict[str, float]:
+    """Means over an evaluation beside the reward: the truncation rate, each domain metric, and the reward
+    per task group (a benchmark) when the split has more than one."""
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs)
+
+    out = {"truncation_rate": mean([float(r.truncated) for r in rollouts])}
+    for name in sorted({k for r in rollouts for k in r.metrics}):
+        out[name] = mean([r.metrics[name] for r in rollouts if name in r.metrics])
+    groups: dict[str, list[float]] = {}
+    for r in rollouts:
+        group = tasks[r.task_id].meta.get("group")
+        if group is not None:
+            groups.setdefault(str(group), []).append(r.reward)
+    if len(groups) > 1:
+        for group, rewards in sorted(groups.items()):
+            out[f"group:{group}"] = mean(rewards)
+        out["group_average"] = mean([mean(g) for g in groups.values()])
+    return out
+
+
+def mean_reward(rollouts: list[Rollout]) -> float:
+    return sum(r.reward for r in rollouts) / len(rollouts)
+
+
+def rollout_many(ctx: RunContext, work: list[tuple[str, list[Task], int]], *, phase: str, cycle: int,
+                 unit: int) -> list[list[Rollout]]:
+    """`samples` episodes per task for each (harness id, tasks, samples), all in the pool at once, scored."""
+    version = ctx.run.state.weight_version
+    plans, items = [], []
+    for harness_id, tasks, samples in work:
+        meta = [(t, s, episode_seed(ctx.cfg.seed, phase, cycle, unit, harness_id, t.id, s))
+                for t in tasks for s in range(samples)]
+        plans.append((harness_id, meta))
+        items.append(EpisodeWork(ctx.archive.get(harness_id).code, f"{harness_id}.py",
+                                 [EpisodeJob(task=t, seed=seed) for t, _, seed in meta]))
+    ctx.progress.set(done=0, total=sum(len(w.jobs) for w in items))
+    done = 0
+
+    def on_done(n: int) -> None:
+        nonlocal done
+        done += n
+        ctx.progress.set(done=done)
+
+    results = ctx.roles.pool.run(items, on_done)
+    return [
+        [Rollout.from_episode(ep, phase=phase, cycle=cycle, harness_id=harness_id, task=task, sample=sample, seed=seed,
+                              weight_version=version,
+                              reward=ctx.verifier(task, ep.answer) if ep.status == "ok" else 0.0,
+                              metrics=ctx.domain.episode_metrics(task, ep))
+         for (task, sample, seed), ep in zip(meta, episodes)]
+        for (harness_id, meta), episodes in zip(plans, results)
+    ]
+
+
+def rollout(ctx: RunContext, harness_id: str, tasks: list[Task], *, samples: int, phase: str, cycle: int,
+            unit: int) -> list[Rollout]:
+    return rollout_many(ctx, [(harness_id, tasks, samples)], phase=phase, cycle=cycle, unit=unit)[0]

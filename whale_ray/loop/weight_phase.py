@@ -1,0 +1,113 @@
+"""The weight phase: online RSFT under the accepted harness.
+
+    until E epochs of D_weight are spent (or, adaptive, the training reward stops improving):
+        roll out k samples of the next prompts under the accepted harness
+        keep the calls the verifier accepts, fine-tune on their completion tokens
+        push the new weights to the PolicyServer; every `checkpoint_every` steps, checkpoint and commit
+
+A step's work goes on record only with a checkpoint, so a relaunch restarts from the last checkpoint and
+redoes the steps after it with the same prompts and seeds: no optimizer step is lost or taken twice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+from whale_ray.loop.context import RunContext
+from whale_ray.loop.rollouts import episode_seed, mean_reward, rollout
+from whale_ray.loop.run_dir import weight_step_name
+from whale_ray.records import Rollout, Task
+from whale_ray.rsft import SFTExample, accepted_calls
+from whale_ray.run_state import PhaseProgress
+from whale_ray.schedules import Phase, weight_phase_should_stop
+
+
+def training_examples(ctx: RunContext, rollouts: list[Rollout], tasks: list[Task]) -> tuple[list[SFTExample], list[dict]]:
+    """The SFT examples of a step and which (task, sample, call) each came from: calls of accepted episodes
+    (reward 1, status ok) that the verifier vouches for (`rsft.accepted_calls`) and that generated tokens."""
+    by_id = {t.id: t for t in tasks}
+    examples, sources = [], []
+    for r in rollouts:
+        if r.reward != 1 or r.status != "ok":
+            continue
+        task = by_id[r.task_id]
+        traced = json.loads(r.trace)["calls"]
+        for i in accepted_calls(traced, lambda text: ctx.verifier(task, text) == 1):
+            call = r.calls[i]
+            if call["completion_ids"]:
+                examples.append((list(call["prompt_ids"]), list(call["completion_ids"])))
+                sources.append({"task_id": r.task_id, "sample": r.sample, "call": i})
+    return examples, sources
+
+
+def next_prompts(ctx: RunContext, n: int) -> tuple[list[Task], int, int]:
+    """The next n prompts of a reshuffled-every-pass walk over D_weight (E may be a fraction)."""
+    weight = ctx.splits.weight
+    tasks, cursor, weight_pass = [], ctx.run.state.weight_cursor, ctx.run.state.weight_pass
+    while len(tasks) < n:
+        order = list(range(len(weight)))
+        random.Random(episode_seed(ctx.cfg.seed, "weight-pass", weight_pass)).shuffle(order)
+        take = order[cursor:cursor + n - len(tasks)]
+        tasks += [weight[j] for j in take]
+        cursor += len(take)
+        if cursor >= len(order):
+            cursor, weight_pass = 0, weight_pass + 1
+    return tasks, cursor, weight_pass
+
+
+def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase) -> None:
+    cfg, state, trainer = ctx.cfg.weight, ctx.run.state, ctx.roles.trainer
+    n_weight = len(ctx.splits.weight)
+    budget = max(1, round(phase.budget * n_weight))
+    since_checkpoint = 0
+    while prog.prompts_done < budget:
+        if phase.adaptive and weight_phase_should_stop(prog.prompts_done / n_weight, prog.step_rewards, ctx.cfg.adaptive):
+            break
+        started = time.perf_counter()
+        n = min(cfg.prompts_per_step, budget - prog.prompts_done)
+        tasks, cursor, weight_pass = next_prompts(ctx, n)
+        name = weight_step_name(cycle, prog.units_done)
+        rollouts = rollout(ctx, state.accepted_harness, tasks, samples=cfg.samples_per_prompt, phase="weight",
+                           cycle=cycle, unit=prog.units_done)
+        ctx.run.write_rollouts(name, "weight", cycle, rollouts)
+        examples, sources = training_examples(ctx, rollouts, tasks)
+        version_before = state.weight_version
+        metrics = trainer.train_step(examples)
+        if metrics["trained"]:
+            state.weight_version = metrics["version"]
+            ctx.roles.policy.load_weights(trainer.latest_weights(), state.weight_version)
+            state.ledger.weight_steps += 1
+            since_checkpoint += 1
+        ctx.run.write_train_step(name.removeprefix("weight-"), {
+            "cycle": cycle, "step": prog.units_done, "rollout_file": name, "version_before": version_before,
+            "version_after": state.weight_version, "examples": sources, "metrics": metrics})
+        reward = mean_reward(rollouts)
+        prog.step_rewards.append(reward)
+        prog.prompts_done += n
+        prog.units_done += 1
+        prog.wall_s += time.perf_counter() - started
+        state.weight_cursor, state.weight_pass = cursor, weight_pass
+        if since_checkpoint >= cfg.checkpoint_every:
+            checkpoint(ctx)
+            since_checkpoint = 0
+        elif since_checkpoint == 0:
+            ctx.run.commit()  # nothing trained since the last checkpoint: the trainer's state is on record
+        ctx.progress.set(detail=f"step {prog.units_done}: reward {reward:.3f}, {len(examples)} accepted calls, "
+                                f"loss {metrics.get('loss', float('nan')):.3f}")
+    if since_checkpoint:
+        checkpoint(ctx)
+    ctx.run.commit()
+    if trainer is not None and cfg.release_workers_after_phase:
+        trainer.release_workers()  # the harness phase needs no trainer: its CPUs/GPUs go back to the cluster
+
+
+def checkpoint(ctx: RunContext) -> None:
+    """The current weights (and optimizer) as checkpoints/v<N>; then everything up to here goes on record."""
+    state = ctx.run.state
+    path = ctx.run.checkpoint_path(state.weight_version)
+    ctx.roles.trainer.save_checkpoint(str(path))
+    state.checkpoint = ctx.run.relative(path)
+    ctx.run.commit()
+    ctx.run.prune_checkpoints()
