@@ -4,16 +4,22 @@
                          host_tools=domain.host_tools(services), limits=SandboxLimits(), seed=7)
 
 `run_episode` never raises for anything the harness does: every outcome is an `EpisodeResult` with a
-status from `records.STATUSES` and a short reason. It raises only for the caller's own mistakes (a task
+status from `records.STATUSES` and a short reason. Every frame a child sends is decoded strictly
+(`_decode`: UTF-8 JSON object with a str type, 64-bit integers, finite numbers, nesting <= MAX_DEPTH, no
+lone surrogates) and checked field by field: anything else is a protocol_error, and a host-side failure
+on a frame all the same ends that episode as sandbox_error (traceback in the reason), never an exception. It raises only for the caller's own mistakes (a task
 that is not JSON-serialisable, a bad harness_name, a missing tools file) and re-raises an exception of
 the caller's `generate` callback (the policy server failing is not the harness's fault and must not be
 scored as a 0).
 
 One episode, in order:
-1. a fresh episode directory (tempfile, removed afterwards) receives copies of child.py and tools.py
-   (in `.whale/`) and of the harness file; bubblewrap shows it read-only at /sandbox, and gives the
-   harness a size-capped tmpfs /scratch as HOME and cwd (see isolation.py); the launcher starts
-   `python3 child.pyc FD LIMITS` with a socketpair end as FD;
+1. a fresh episode directory (mounts.EpisodeMounts, removed afterwards) receives copies of child.py and
+   tools.py (in `.whale/`) and of the harness file; bubblewrap shows it read-only at /sandbox, and gives
+   the harness a capped tmpfs /scratch as HOME and cwd (as root these are host-side tmpfs mounts with
+   byte and inode caps; see mounts.py); the episode's cgroup is created (cgroup.py, when the machine
+   has the layer); the launcher starts `python3 child.pyc FD LIMITS` with a socketpair end as FD, and the
+   whole process tree is moved into the cgroup before the host sends `init` (until then the child runs
+   no untrusted code);
 2. the host queues an `init` message (task, seed, host tool specs, file paths) and then serves the
    child's requests over the socket, recording every ModelCall the callback returns, while draining
    stdout/stderr (capped) from the same poll loop: one thread per episode, no helper threads;
@@ -26,6 +32,9 @@ Limits and where they are enforced:
 * wall_s: host deadline on the time the sandbox runs. Time spent inside the host's own `generate` and
   host-tool callbacks is NOT counted (the policy server's queueing must not turn into harness
   timeouts); `EpisodeResult.wall_s` is the total.
+* memory_mb: the episode's cgroup (memory.limit_in_bytes / memory.max), which counts what RLIMIT_AS
+  cannot see: shared memory, memfd and tmpfs pages, kernel memory; its OOM kill is a memory_limit, and
+  `EpisodeResult.peak_memory_bytes` is the kernel's peak. max_processes also caps the cgroup's pids.
 * memory_mb, cpu_s, max_processes, file size, open files, core dumps: rlimits that child.py applies to
   itself before the harness is loaded (inherited by anything the harness starts). When the host runs
   as root each concurrent episode runs as its own uid (`UID_POOL`: SLOT_UID_BASE + slot), so
