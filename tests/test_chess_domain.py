@@ -18,6 +18,7 @@ import pytest
 
 from domains.chess_puzzles import DOMAIN, ChessDomain, data, env, generator, tools, verifier
 from tests.conftest import load_harness
+from tests.inprocess_agent import InProcessEpisode
 from whale_ray.config import DataConfig
 from whale_ray.domain import DataError, Domain, get_domain
 from whale_ray.proposer import parse_skill
@@ -69,36 +70,11 @@ def load_h0(source: str | None = None) -> dict:
     return load_harness(FOLDER, source)
 
 
-class ToolError(Exception):
-    pass
-
-
-class ScriptedAgent:
-    """A stand-in for the sandbox's agent handle: replays completions, calls the domain's real tools."""
-
-    ToolError = ToolError
-
-    def __init__(self, t: Task, completions):
-        self.completions = list(completions)
-        self.prompts: list[list[dict]] = []
-        self.sampling: list[dict] = []
-        self.events: list[dict] = []
-        self.tools = {**DOMAIN.host_tools({}), **DOMAIN.episode_tools(t, {}), "uci_moves": tools.uci_moves}
-        self.seed = 0
-
-    def generate(self, messages, **sampling):
-        self.prompts.append([dict(m) for m in messages])
-        self.sampling.append(sampling)
-        return self.completions.pop(0)
-
-    def tool(self, name, **kwargs):
-        try:
-            return self.tools[name](**kwargs)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ToolError(str(e)) from None
-
-    def log(self, type, **data):
-        self.events.append({"type": type, **data})
+def episode(t: Task, completions) -> InProcessEpisode:
+    """The sandbox's real Agent in process, replaying `completions`, with the domain's real host, episode and
+    sandbox tools."""
+    return InProcessEpisode(list(completions), tools_path=DOMAIN.sandbox_tools_path,
+                            host_tools={**DOMAIN.host_tools({}), **DOMAIN.episode_tools(t, {})})
 
 
 # --- the domain object -----------------------------------------------------------------------------------
@@ -572,43 +548,43 @@ def test_h0_reads_the_pieces_from_the_fen_like_the_generator(generated):
 def test_h0_plays_a_mate_in_two():
     h0 = load_h0()
     t = task(PROMOTION)
-    agent = ScriptedAgent(t, ["f5f6", "d7d8r"])
-    answer = h0["run"](t.public(), agent)
+    ep = episode(t, ["f5f6", "d7d8r"])
+    answer = h0["run"](t.public(), ep.agent)
     assert answer == "f5f6 d7d8r" and DOMAIN.verify(t, answer) == 1.0
-    assert agent.prompts[1][1]["content"] == generator.position_text("6k1/3P1p1p/5P1R/8/8/7K/8/8 w - - 1 3", "h8g8")
-    assert agent.sampling[0] == {"max_tokens": 16, "temperature": 1.0, "top_k": 20}
-    assert [e["output"] for e in agent.events] == [
+    assert ep.prompts[1][1]["content"] == generator.position_text("6k1/3P1p1p/5P1R/8/8/7K/8/8 w - - 1 3", "h8g8")
+    assert ep.sampling[0] == {"max_tokens": 16, "temperature": 1.0, "top_k": 20, "top_p": 1.0, "stop": []}
+    assert [e["output"] for e in ep.events] == [
         "Correct. Opponent played h8g8. FEN: 6k1/3P1p1p/5P1R/8/8/7K/8/8 w - - 1 3", "Solved."]
 
 
 def test_h0_wordy_answer_is_read_as_the_opponents_move():
     h0 = load_h0()
     t = task(PROMOTION)
-    agent = ScriptedAgent(t, ["After g8h8, I play f5f6."])
-    answer = h0["run"](t.public(), agent)
+    ep = episode(t, ["After g8h8, I play f5f6."])
+    answer = h0["run"](t.public(), ep.agent)
     assert answer == "After g8h8, I play f5f6." and DOMAIN.verify(t, answer) == 0.0
-    assert agent.events[0]["output"] == "Error: illegal move g8h8 in this position. The puzzle is over."
+    assert ep.events[0]["output"] == "Error: illegal move g8h8 in this position. The puzzle is over."
 
 
 def test_h0_turn_budget_exhausted():
     h0 = load_h0()
     t = task(CRUSHING)
-    agent = ScriptedAgent(t, ["e6e7", "b3c1"])
-    answer = h0["run"](t.public(), agent)
+    ep = episode(t, ["e6e7", "b3c1"])
+    answer = h0["run"](t.public(), ep.agent)
     assert answer == "e6e7 b3c1" and DOMAIN.verify(t, answer) == 0.0
-    assert agent.events[-1] == {"type": "turn_budget_exhausted", "max_turns": 2}
+    assert ep.events[-1] == {"type": "turn_budget_exhausted", "max_turns": 2}
 
 
 def test_h0_with_legal_moves_and_votes():
     source = (FOLDER / "h0.py").read_text().replace("OFFER_LEGAL_MOVES = False", "OFFER_LEGAL_MOVES = True")
     h0 = load_h0(source.replace("N_SAMPLES = 1", "N_SAMPLES = 3"))
     t = task(BACK_RANK)
-    agent = ScriptedAgent(t, ["d1d7", "e1e8", "e1e8"])
-    assert h0["run"](t.public(), agent) == "e1e8"
+    ep = episode(t, ["d1d7", "e1e8", "e1e8"])
+    assert h0["run"](t.public(), ep.agent) == "e1e8"
     board = chess.Board(t.meta["fen"])
-    assert agent.prompts[0][1]["content"].endswith(
+    assert ep.prompts[0][1]["content"].endswith(
         "\nLegal moves: " + ", ".join(f"{board.san(m)} {m.uci()}" for m in sorted(board.legal_moves, key=lambda m: m.uci())))
-    assert len(agent.prompts) == 3
+    assert len(ep.prompts) == 3
 
 
 # --- h0 in the real sandbox ------------------------------------------------------------------------------
@@ -705,14 +681,14 @@ def test_skill_variants_work_in_h0():
     h = load_h0(base + "\n" + last_move)
     assert h["parse_move"]("After g8h8, I play f5f6.") == "f5f6" and h["parse_move"]("Rd8") == "Rd8"
     t = task(PROMOTION)
-    assert DOMAIN.verify(t, h["run"](t.public(), ScriptedAgent(t, ["After g8h8, I play f5f6.", "d7d8q"]))) == 1.0
+    assert DOMAIN.verify(t, h["run"](t.public(), episode(t, ["After g8h8, I play f5f6.", "d7d8q"]).agent)) == 1.0
 
     h = load_h0(listed + "\n" + snap)
     t = task(BACK_RANK)
     legal = env.legal_moves(t.meta["fen"])
     assert h["parse_move"]("e1e8", legal) == "e1e8" and h["parse_move"]("a7e8", legal) == "e1e8"
     assert h["parse_move"]("d1d9", None) == "d1d9"
-    assert h["run"](t.public(), ScriptedAgent(t, ["After g8h7, I play b1e8."])) == "e1e8"
+    assert h["run"](t.public(), episode(t, ["After g8h7, I play b1e8."]).agent) == "e1e8"
 
     (build,) = variants["build_messages"]
     h = load_h0(base + "\n" + build)
@@ -722,28 +698,28 @@ def test_skill_variants_work_in_h0():
     always_list, mate_first, retry = variants["ask_move"]
     h = load_h0(base + "\n" + always_list)
     t = task(BACK_RANK)
-    agent = ScriptedAgent(t, ["e1e8"])
-    assert h["run"](t.public(), agent) == "e1e8" and "Legal moves: " in agent.prompts[0][1]["content"]
+    ep = episode(t, ["e1e8"])
+    assert h["run"](t.public(), ep.agent) == "e1e8" and "Legal moves: " in ep.prompts[0][1]["content"]
 
     h = load_h0(base + "\n" + mate_first)
-    agent = ScriptedAgent(t, [])
-    answer = h["run"](t.public(), agent)
-    assert DOMAIN.verify(t, answer) == 1.0 and agent.prompts == [] and agent.events[0]["type"] == "listed_mate"
+    ep = episode(t, [])
+    answer = h["run"](t.public(), ep.agent)
+    assert DOMAIN.verify(t, answer) == 1.0 and ep.prompts == [] and ep.events[0]["type"] == "listed_mate"
     t = task(CRUSHING)  # no mate listed: the model is asked
-    agent = ScriptedAgent(t, ["e6e7", "b3c1"])
-    assert h["run"](t.public(), agent) == "e6e7 b3c1" and len(agent.prompts) == 2
+    ep = episode(t, ["e6e7", "b3c1"])
+    assert h["run"](t.public(), ep.agent) == "e6e7 b3c1" and len(ep.prompts) == 2
 
     h = load_h0(base + "\n" + retry)
     t = task(BACK_RANK)
-    agent = ScriptedAgent(t, ["Rd8#", "e1e8"])
-    assert h["run"](t.public(), agent) == "e1e8"
-    assert "Legal moves:" not in agent.prompts[0][1]["content"] and "Legal moves:" in agent.prompts[1][1]["content"]
-    assert agent.events[0]["type"] == "retry"
+    ep = episode(t, ["Rd8#", "e1e8"])
+    assert h["run"](t.public(), ep.agent) == "e1e8"
+    assert "Legal moves:" not in ep.prompts[0][1]["content"] and "Legal moves:" in ep.prompts[1][1]["content"]
+    assert ep.events[0]["type"] == "retry"
 
     (run_episode,) = variants["run_episode"]
     h = load_h0(base + "\n" + run_episode)
     t = task(CRUSHING)
-    assert DOMAIN.verify(t, h["run"](t.public(), ScriptedAgent(t, ["e6e7", "b3c1", "h6c1"]))) == 1.0
+    assert DOMAIN.verify(t, h["run"](t.public(), episode(t, ["e6e7", "b3c1", "h6c1"]).agent)) == 1.0
 
     (extract,) = variants["extract_answer"]
     h = load_h0(base + "\n" + extract)

@@ -17,6 +17,7 @@ import pytest
 
 from domains.math_reasoning import DOMAIN, MathDomain, data, generator, tools, verifier
 from tests.conftest import load_harness
+from tests.inprocess_agent import InProcessEpisode
 from whale_ray.config import DataConfig
 from whale_ray.domain import DataError, Domain, Splits, get_domain
 from whale_ray.records import Task
@@ -77,39 +78,9 @@ def load_h0(source: str | None = None) -> dict:
     return load_harness(FOLDER, source)
 
 
-class ToolError(Exception):
-    pass
-
-
-class ScriptedAgent:
-    """A stand-in for the sandbox's agent handle: replays completions, runs the real python tool."""
-
-    ToolError = ToolError
-
-    def __init__(self, completions):
-        self.completions = list(completions)
-        self.prompts: list[list[dict]] = []
-        self.sampling: list[dict] = []
-        self.events: list[dict] = []
-        self.tool_specs = tools.TOOL_SPECS
-        self.seed = 0
-        self.last_finish_reason = "stop"
-
-    def generate(self, messages, **sampling):
-        self.prompts.append([dict(m) for m in messages])
-        self.sampling.append(sampling)
-        return self.completions.pop(0)
-
-    def tool(self, name, **kwargs):
-        if name != "python":
-            raise ToolError(f"unknown tool {name!r}")
-        try:
-            return tools.python(**kwargs)
-        except (TypeError, ValueError) as e:
-            raise ToolError(str(e)) from None
-
-    def log(self, type, **data):
-        self.events.append({"type": type, **data})
+def episode(completions, **kwargs) -> InProcessEpisode:
+    """The sandbox's real Agent in process, replaying `completions`, with the domain's real python tool."""
+    return InProcessEpisode(list(completions), tools_path=DOMAIN.sandbox_tools_path, **kwargs)
 
 
 # --- the domain object -----------------------------------------------------------------------------
@@ -550,44 +521,46 @@ def test_h0_shares_the_warmstart_formats():
 
 def test_h0_one_step_tool_episode():
     h0 = load_h0()
-    agent = ScriptedAgent(["```python\nprint(12 + 7)\n```", "\\boxed{19}"])
-    answer = h0["run"]({"id": "t", "question": "Q?"}, agent)
+    ep = episode(["```python\nprint(12 + 7)\n```", "\\boxed{19}"])
+    answer = h0["run"]({"id": "t", "question": "Q?"}, ep.agent)
     assert answer == "\\boxed{19}" and verifier.verify(Task(id="t", question="q", answer="19"), answer) == 1.0
-    assert agent.prompts[1][-2:] == [{"role": "assistant", "content": "```python\nprint(12 + 7)\n```"},
+    assert ep.prompts[1][-2:] == [{"role": "assistant", "content": "```python\nprint(12 + 7)\n```"},
                                      {"role": "user", "content": "Output: 19"}]
-    assert agent.sampling[0] == {"max_tokens": 48, "temperature": 1.0, "top_k": 20}
-    assert [e["type"] for e in agent.events] == ["tool_call"]
+    assert ep.sampling[0] == {"max_tokens": 48, "temperature": 1.0, "top_k": 20, "top_p": 1.0, "stop": []}
+    assert [e["type"] for e in ep.events] == ["tool_call"]
 
 
 def test_h0_turn_budget_exhausted():
     h0 = load_h0()
-    agent = ScriptedAgent(["```python\nprint(12 + 7)\n```", "```python\nprint(19 - 5)\n```"])
-    assert h0["run"]({"id": "t", "question": "Q?"}, agent) is None
-    assert agent.events[-1]["type"] == "turn_budget_exhausted"
-    assert len(agent.prompts) == 2
+    ep = episode(["```python\nprint(12 + 7)\n```", "```python\nprint(19 - 5)\n```"])
+    assert h0["run"]({"id": "t", "question": "Q?"}, ep.agent) is None
+    assert ep.events[-1]["type"] == "turn_budget_exhausted"
+    assert len(ep.prompts) == 2
 
 
 def test_h0_tool_error_becomes_the_observation():
     h0 = load_h0()
-    agent = ScriptedAgent(["```python\nprint(1)\n```", "The answer is 1."])
-    agent.tool = lambda name, **kw: (_ for _ in ()).throw(ToolError("sandbox says no"))
-    assert h0["run"]({"id": "t", "question": "Q?"}, agent) == "The answer is 1."
-    assert agent.prompts[1][-1] == {"role": "user", "content": "Output: Error: sandbox says no"}
+    def refuses(code):
+        raise RuntimeError("sandbox says no")
+
+    ep = episode(["```python\nprint(1)\n```", "The answer is 1."], local_tools={"python": refuses})
+    assert h0["run"]({"id": "t", "question": "Q?"}, ep.agent) == "The answer is 1."
+    assert ep.prompts[1][-1] == {"role": "user", "content": "Output: Error: tool 'python' raised RuntimeError: sandbox says no"}
 
 
 def test_h0_votes():
     source = (FOLDER / "h0.py").read_text().replace("N_VOTES = 1", "N_VOTES = 3")
     h0 = load_h0(source)
-    agent = ScriptedAgent(["\\boxed{5}", "so \\boxed{7}", "\\boxed{7}"])
-    assert h0["run"]({"id": "t", "question": "Q?"}, agent) == "so \\boxed{7}"
-    agent = ScriptedAgent(["```python\nprint(1)\n```", "```python\nprint(1)\n```"] * 3)
-    assert h0["run"]({"id": "t", "question": "Q?"}, agent) is None
+    ep = episode(["\\boxed{5}", "so \\boxed{7}", "\\boxed{7}"])
+    assert h0["run"]({"id": "t", "question": "Q?"}, ep.agent) == "so \\boxed{7}"
+    ep = episode(["```python\nprint(1)\n```", "```python\nprint(1)\n```"] * 3)
+    assert h0["run"]({"id": "t", "question": "Q?"}, ep.agent) is None
 
 
 def test_h0_without_tools_returns_the_text():
     h0 = load_h0((FOLDER / "h0.py").read_text().replace("OFFER_TOOLS = True", "OFFER_TOOLS = False"))
-    agent = ScriptedAgent(["```python\nprint(1)\n```"])
-    assert h0["run"]({"id": "t", "question": "Q?"}, agent) == "```python\nprint(1)\n```"
+    ep = episode(["```python\nprint(1)\n```"])
+    assert h0["run"]({"id": "t", "question": "Q?"}, ep.agent) == "```python\nprint(1)\n```"
 
 
 # --- skill.md --------------------------------------------------------------------------------------
@@ -636,9 +609,9 @@ def test_skill_variants_work_in_h0():
     assert h["extract_answer"]("no number") == "no number"
 
     h = load_h0(base + "\n" + variants["run_episode"])
-    agent = ScriptedAgent(["```python\nprint(12 + 7)\n```", "```python\nprint(19 - 5)\n```"])
-    assert h["run"](task, agent) == "\\boxed{14}"
-    assert agent.events[-1]["type"] == "turn_budget_exhausted"
+    ep = episode(["```python\nprint(12 + 7)\n```", "```python\nprint(19 - 5)\n```"])
+    assert h["run"](task, ep.agent) == "\\boxed{14}"
+    assert ep.events[-1]["type"] == "turn_budget_exhausted"
 
     h = load_h0(base + "\n" + variants["find_tool_call"])
     assert h["find_tool_call"]("```python\nprint(1 + 2)") == "print(1 + 2)"

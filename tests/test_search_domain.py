@@ -21,9 +21,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from domains.search_qa import DOMAIN, SearchQADomain, data, generator, retrieval, tools, verifier
+from domains.search_qa.config import JudgeConfig, RetrievalConfig
 from domains.search_qa.retrieval import BM25Retriever, HTTPRetriever, Passage, RetrievalError
 from tests.conftest import load_harness
-from domains.search_qa.config import JudgeConfig, RetrievalConfig
+from tests.inprocess_agent import InProcessEpisode
 from whale_ray.config import DataConfig, load_config
 from whale_ray.domain import DataError, Domain, get_domain
 from whale_ray.proposer import parse_skill
@@ -88,38 +89,9 @@ def load_h0(source: str | None = None) -> dict:
     return load_harness(FOLDER, source)
 
 
-class ToolError(Exception):
-    pass
-
-
-class FakeAgent:
-    """The sandbox's agent handle in process: completions from `policy(messages)`, the real search tool."""
-
-    ToolError = ToolError
-
-    def __init__(self, policy, search):
-        self.policy, self.search = policy, search
-        self.prompts: list[list[dict]] = []
-        self.sampling: list[dict] = []
-        self.events: list[dict] = []
-        self.seed = 0
-        self.last_finish_reason = "stop"
-
-    def generate(self, messages, **sampling):
-        self.prompts.append([dict(m) for m in messages])
-        self.sampling.append(sampling)
-        return self.policy(messages)
-
-    def tool(self, name, **kwargs):
-        if name != "search":
-            raise ToolError(f"unknown tool {name!r}")
-        try:
-            return self.search(**kwargs)
-        except (ValueError, RetrievalError) as e:
-            raise ToolError(str(e)) from None
-
-    def log(self, type, **data):
-        self.events.append({"type": type, **data})
+def episode(policy, search) -> InProcessEpisode:
+    """The sandbox's real Agent in process: completions from `policy(messages)`, the real search host tool."""
+    return InProcessEpisode(lambda messages, sampling: policy(messages), host_tools={"search": search})
 
 
 def scripted(*completions):
@@ -632,24 +604,24 @@ def test_h0_truncates_passages_to_words():
 def test_h0_two_turns_search_then_answer():
     h0 = load_h0()
     search = retrieval.search_tool(BM25Retriever(corpus_passages()))
-    agent = FakeAgent(scripted("<search>Oren Taltavi</search>", "<answer>Velmora</answer>"), search)
-    assert h0["run"]({"id": "t", "question": "Where was Oren Taltavi born?"}, agent) == "<answer>Velmora</answer>"
-    assert agent.prompts[1][-1] == {
+    ep = episode(scripted("<search>Oren Taltavi</search>", "<answer>Velmora</answer>"), search)
+    assert h0["run"]({"id": "t", "question": "Where was Oren Taltavi born?"}, ep.agent) == "<answer>Velmora</answer>"
+    assert ep.prompts[1][-1] == {
         "role": "user", "content": "<information>Doc 1(Title: Oren Taltavi) Oren Taltavi was a painter born in "
                                    "Velmora in 1874.</information>"}
-    assert agent.sampling[0] == {"max_tokens": 64, "temperature": 1.0, "top_k": 20}
-    assert [e["type"] for e in agent.events] == ["tool_call"]
+    assert ep.sampling[0] == {"max_tokens": 64, "temperature": 1.0, "top_k": 20, "top_p": 1.0, "stop": []}
+    assert [e["type"] for e in ep.events] == ["tool_call"]
 
 
 def test_h0_turn_budget_exhausted_and_tool_errors():
     h0 = load_h0()
     search = retrieval.search_tool(BM25Retriever(corpus_passages()))
-    agent = FakeAgent(scripted("<search>Kesto Mills</search>", "<search>Oren Taltavi</search>"), search)
-    assert h0["run"]({"id": "t", "question": "Where was the founder of Kesto Mills born?"}, agent) is None
-    assert agent.events[-1] == {"type": "turn_budget_exhausted", "max_turns": 2} and len(agent.prompts) == 2
-    agent = FakeAgent(scripted("<search></search>", "The answer is 1874."), search)
-    assert h0["run"]({"id": "t", "question": "Q?"}, agent) == "The answer is 1874."
-    assert agent.prompts[1][-1]["content"] == "<information>Error: search: query must be a non-empty string</information>"
+    ep = episode(scripted("<search>Kesto Mills</search>", "<search>Oren Taltavi</search>"), search)
+    assert h0["run"]({"id": "t", "question": "Where was the founder of Kesto Mills born?"}, ep.agent) is None
+    assert ep.events[-1] == {"type": "turn_budget_exhausted", "max_turns": 2} and len(ep.prompts) == 2
+    ep = episode(scripted("<search></search>", "The answer is 1874."), search)
+    assert h0["run"]({"id": "t", "question": "Q?"}, ep.agent) == "The answer is 1874."
+    assert ep.prompts[1][-1]["content"] == "<information>Error: tool 'search' raised ValueError: search: query must be a non-empty string</information>"
 
 
 @pytest.mark.usefixtures("bwrap")
@@ -756,10 +728,10 @@ def _teacher_success(world, bm25, source, prompt=None, n=240):
     rng = random.Random(5)
     wins = hits = 0
     for q in random.Random(6).sample(world.questions, n):
-        agent = FakeAgent(lambda messages: generator.teacher_turn(world, messages, rng), search)
+        ep = episode(lambda messages: generator.teacher_turn(world, messages, rng), search)
         task = Task(id="t", question=q.text, answer=q.answers[0], meta={"_golden_answers": list(q.answers)})
-        wins += verifier.verify(task, h["run"]({"id": "t", "question": q.text}, agent))
-        hits += any(verifier.contains_answer(e["output"], q.answers) for e in agent.events if e["type"] == "tool_call")
+        wins += verifier.verify(task, h["run"]({"id": "t", "question": q.text}, ep.agent))
+        hits += any(verifier.contains_answer(e["output"], q.answers) for e in ep.events if e["type"] == "tool_call")
     return wins / n, hits / n
 
 
@@ -782,9 +754,9 @@ def test_simulated_chats_are_what_h0_produces(world, world_bm25):
         chat = generator.simulate(world, search, q.text, generator.H0_SYSTEM_PROMPT, random.Random(i), topk=1,
                                   max_turns=2)
         rng = random.Random(i)
-        agent = FakeAgent(lambda messages: generator.teacher_turn(world, messages, rng), tool)
-        h0["run"]({"id": "t", "question": q.text}, agent)
-        last = agent.prompts[-1] + [{"role": "assistant", "content": chat[-1]["content"]}]
+        ep = episode(lambda messages: generator.teacher_turn(world, messages, rng), tool)
+        h0["run"]({"id": "t", "question": q.text}, ep.agent)
+        last = ep.prompts[-1] + [{"role": "assistant", "content": chat[-1]["content"]}]
         assert last == chat
 
 
@@ -816,25 +788,25 @@ def test_skill_variants_work_in_h0():
 
     finish, empty_query = variants["run_episode"]
     h = load_h0(base + "\n" + finish)
-    agent = FakeAgent(scripted("<search>Kesto Mills</search>", "<search>Oren Taltavi</search>",
+    ep = episode(scripted("<search>Kesto Mills</search>", "<search>Oren Taltavi</search>",
                                "<answer>Velmora</answer>"), search)
-    assert h["run"](task, agent) == "<answer>Velmora</answer>" and len(agent.prompts) == 3
-    agent = FakeAgent(scripted(*["<search>Velmora</search>"] * 3), search)
-    assert h["run"](task, agent) is None and agent.events[-1]["type"] == "turn_budget_exhausted"
+    assert h["run"](task, ep.agent) == "<answer>Velmora</answer>" and len(ep.prompts) == 3
+    ep = episode(scripted(*["<search>Velmora</search>"] * 3), search)
+    assert h["run"](task, ep.agent) is None and ep.events[-1]["type"] == "turn_budget_exhausted"
 
     h = load_h0(base + "\n" + empty_query)
-    agent = FakeAgent(scripted("<search></search>", "<answer>Velmora</answer>"), search)
-    assert h["run"](task, agent) == "<answer>Velmora</answer>"
-    assert "Oren Taltavi was a painter" in agent.prompts[1][-1]["content"]
+    ep = episode(scripted("<search></search>", "<answer>Velmora</answer>"), search)
+    assert h["run"](task, ep.agent) == "<answer>Velmora</answer>"
+    assert "Oren Taltavi was a painter" in ep.prompts[1][-1]["content"]
 
     h = load_h0(base + "\n" + variants["find_search_query"][0])
     assert h["find_search_query"]("<search>Oren Tal") == "Oren Tal"
     assert h["find_search_query"]("<answer>Velmora</answer>") is None
 
     h = load_h0(base + "\n" + variants["call_search"][0])
-    agent = FakeAgent(scripted(), search)
-    assert "Oren Taltavi was a painter" in h["call_search"](agent, "Oren Taltavi " + "again " * 300)
-    assert h["call_search"](agent, " ").startswith("Error: search: query must be a non-empty string")
+    ep = episode(scripted(), search)
+    assert "Oren Taltavi was a painter" in h["call_search"](ep.agent, "Oren Taltavi " + "again " * 300)
+    assert h["call_search"](ep.agent, " ").startswith("Error: tool 'search' raised ValueError: search: query must be")
 
     h = load_h0(base + "\n" + variants["format_observation"][0])
     assert h["format_observation"]("Error: search: down") == "<information></information>"

@@ -10,7 +10,7 @@ with the same parts everywhere:
   __init__.py  the Domain subclass, its config sections (`config_model`), and the registration
 
 Built-in domains are the packages of `domains/` (the config's `domain: math_reasoning` imports
-`domains.math_reasoning`); a domain anywhere else is named by its import path (`domain: tests.toy_domain`),
+`domains.math_reasoning`); a domain anywhere else is named by its import path (`domain: mylab.chemistry`),
 and its `name` is that path, so every process of a run (Ray workers too) finds it the same way.
 This module imports nothing of whale_ray.config: the config imports it, to validate the domain's sections.
 """

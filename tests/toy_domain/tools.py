@@ -1,0 +1,3 @@
+"""The toy domain's sandbox tools: none."""
+
+TOOL_SPECS = {}
