@@ -12,23 +12,34 @@ from whale_ray.domain import get_domain
 from whale_ray.records import SamplingParams
 
 
-def test_policy_server_batches_concurrent_requests_and_swaps_weights(ray_cluster, tiny_policy):
-    server = PolicyServer.remote(tiny_policy, max_batch=32, batch_wait_ms=50)
-    messages = [{"role": "system", "content": "Solve the problem."}, {"role": "user", "content": "What is 2 + 3?"}]
-    calls = ray.get([server.generate.remote(messages, SamplingParams(max_tokens=8)) for _ in range(24)])
+def test_policy_server_batches_distinct_requests_each_to_its_caller(ray_cluster, tiny_policy):
+    """Distinct concurrent requests (prompts, budgets, temperatures, seeds): each reply equals a solo generate of
+    the same request on the same checkpoint and carries its own messages, so a batcher that swapped or mixed
+    replies between callers fails. Then weights swapped in place, and the new version named."""
+    from whale_ray.policy import GenerationRequest, TransformersEngine
+
+    server = PolicyServer.remote(tiny_policy, max_batch=32, batch_wait_ms=200)
+    reqs = [GenerationRequest(
+        [{"role": "system", "content": "Solve the problem."}, {"role": "user", "content": f"What is {i} + {3 * i}?" + " Hm." * (i % 4)}],
+        SamplingParams(max_tokens=3 + i % 7, temperature=[1.0, 0.7, 0.0][i % 3], top_k=[0, 20, 5][i % 3], seed=1000 + i),
+    ) for i in range(24)]
+    calls = ray.get([server.generate.remote(r.messages, r.sampling) for r in reqs])
     stats = ray.get(server.stats.remote())
     assert stats["requests"] == 24 and stats["batches"] < 24  # gathered, not one pass per request
-    for call in calls:
-        assert call.weight_version == 0
-        assert call.prompt_ids and 0 < len(call.completion_ids) <= 8
-        assert len(call.logprobs) == len(call.completion_ids)
+    solo = TransformersEngine(tiny_policy, device="cpu")
+    for call, req in zip(calls, reqs):
+        ref = solo.generate([req])[0]
+        assert call.messages == req.messages and call.weight_version == 0
+        assert (call.prompt_ids, call.completion_ids, call.text, call.finish_reason) == \
+            (ref.prompt_ids, ref.completion_ids, ref.text, ref.finish_reason)
+        assert torch.allclose(torch.tensor(call.logprobs), torch.tensor(ref.logprobs), atol=1e-4)
+    assert len({tuple(c.completion_ids) for c in calls}) > 12  # the requests really differ
 
-    from transformers import AutoModelForCausalLM
-
-    weights = {k: torch.zeros_like(v) for k, v in AutoModelForCausalLM.from_pretrained(tiny_policy).state_dict().items()}
+    weights = {k: torch.zeros_like(v) for k, v in solo.state_dict().items()}
     assert ray.get(server.load_weights.remote(ray.put(weights), 7)) == 7
-    after = ray.get(server.generate.remote(messages, SamplingParams(max_tokens=4)))
-    assert after.weight_version == 7
+    after = ray.get(server.generate.remote(reqs[0].messages, reqs[0].sampling))
+    solo.load_weights(weights, 7)
+    assert after.weight_version == 7 and after.completion_ids == solo.generate([reqs[0]])[0].completion_ids
     ray.kill(server)
 
 

@@ -101,7 +101,8 @@ class VLLMEngine:
         self.eos_ids = eos_token_ids(gen_eos if gen_eos is not None else config.get("eos_token_id"), self.tokenizer, path)
         self.max_context = int(config.get("max_position_embeddings") or 4096)
         self._shapes = checkpoint_shapes(path)
-        if config.get("tie_word_embeddings") and "lm_head.weight" not in self._shapes:
+        self._tied_head = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
+        if self._tied_head and "lm_head.weight" not in self._shapes:
             self._shapes["lm_head.weight"] = self._shapes["model.embed_tokens.weight"]
             self._tied = {"lm_head.weight"}
         else:
@@ -184,8 +185,10 @@ class VLLMEngine:
         missing = sorted(set(self._shapes) - set(state_dict) - self._tied)
         if missing:
             raise ValueError(f"load_weights: missing keys: {', '.join(missing[:5])}")
+        # vLLM loads a tied head from the embedding and skips lm_head.weight: say so by not sending it
+        items = [(k, v) for k, v in state_dict.items() if k not in self._tied_head]
         done: cf.Future = cf.Future()
-        self._commands.put(("reload", list(state_dict.items()), int(version), done))
+        self._commands.put(("reload", items, int(version), done))
         done.result()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -207,7 +210,7 @@ class VLLMEngine:
             return
         self._ready.set()
         while True:
-            if not self._take_commands(block=not self._live):
+            if not self._take_commands(block=not self._live and not self._reloads):
                 break
             if self._reloads and not self._live:
                 self._reload()

@@ -1,0 +1,205 @@
+"""VLLMEngine against TransformersEngine on one GPU (skipped without CUDA and vllm).
+
+The policy is WHALE_GPU_POLICY if set (a checkpoint directory), else the session's small embedded policy.
+vLLM runs in bf16 (its production dtype); the reference is TransformersEngine in float32 on the same
+checkpoint. Greedy tokens must agree except where the reference's own top-2 logits are within bf16 noise
+(a near-tie, judged from the float32 logits), which is checked rather than assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+import torch
+
+from whale_ray.policy import GenerationRequest, TransformersEngine
+from whale_ray.records import SamplingParams
+
+vllm = pytest.importorskip("vllm")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+NEAR_TIE = 0.1  # float32 logit gap under which bf16 may pick either token
+
+
+def ask(q: str, **sampling) -> GenerationRequest:
+    return GenerationRequest([{"role": "system", "content": "Solve the problem."}, {"role": "user", "content": q}],
+                             SamplingParams(**sampling))
+
+
+QUESTIONS = [f"What is {a} {op} {b}?" for a, b, op in [(3, 4, "+"), (12, 7, "-"), (6, 9, "*"), (41, 17, "+"),
+                                                        (99, 1, "+"), (8, 8, "*"), (50, 25, "-"), (13, 3, "*")]]
+
+
+@pytest.fixture(scope="module")
+def policy(request):
+    return os.environ.get("WHALE_GPU_POLICY") or request.getfixturevalue("tiny_policy")
+
+
+@pytest.fixture(scope="module")
+def engines(policy):
+    from whale_ray.policy.vllm_engine import VLLMEngine
+
+    v = VLLMEngine(policy, dtype="bfloat16", max_batch=64, gpu_memory_utilization=0.2, seed=0)
+    ref = TransformersEngine(policy, device="cuda", dtype="float32")
+    yield v, ref
+    v.close()
+
+
+def teacher_logits(ref: TransformersEngine, prompt_ids, completion_ids) -> torch.Tensor:
+    ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=ref.device)
+    with torch.no_grad():
+        return ref.model(input_ids=ids).logits[0, len(prompt_ids) - 1 :].float()
+
+
+def agree_up_to_near_ties(ref, a, b) -> bool:
+    """a == b, or they part where the reference's float32 top-2 logits are a near-tie."""
+    if a.completion_ids == b.completion_ids:
+        return True
+    j = next((i for i, (x, y) in enumerate(zip(a.completion_ids, b.completion_ids)) if x != y),
+             min(len(a.completion_ids), len(b.completion_ids)))
+    top2 = teacher_logits(ref, a.prompt_ids, a.completion_ids[:j])[j].topk(2).values
+    return float(top2[0] - top2[1]) < NEAR_TIE
+
+
+def test_greedy_tokens_equal_transformers(engines):
+    v, ref = engines
+    reqs = [ask(q, max_tokens=160, temperature=0.0) for q in QUESTIONS]
+    got, want = v.generate(reqs), ref.generate(reqs)
+    exact = sum(g.completion_ids == w.completion_ids for g, w in zip(got, want))
+    print(f"greedy: {exact}/{len(reqs)} identical to TransformersEngine (float32)")
+    for g, w in zip(got, want):
+        assert g.prompt_ids == w.prompt_ids  # the chat template rendered on the trusted side, same ids
+        assert agree_up_to_near_ties(ref, g, w), (g.text, w.text)
+        if g.completion_ids == w.completion_ids:
+            assert (g.text, g.finish_reason) == (w.text, w.finish_reason)
+    assert exact >= len(reqs) // 2
+    sampled = v.generate([ask(q, max_tokens=160, temperature=1.0, seed=s) for s in range(4) for q in QUESTIONS])
+    stopped = [g for g in sampled if g.finish_reason == "stop"]
+    assert stopped and all(g.completion_ids[-1] in v.eos_ids for g in stopped)  # the eos is kept
+    assert all(not set(v.eos_ids) & set(g.completion_ids[:-1]) for g in sampled)
+
+
+def test_sampled_logprobs_match_recomputation(engines):
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    v, ref = engines
+    settings = [(1.0, 20, 1.0), (0.7, 0, 0.9), (1.3, 5, 0.8), (0.0, 0, 1.0), (1.0, 0, 1.0), (0.5, 10, 0.95)]
+    reqs = [ask(q, max_tokens=32, temperature=t, top_k=k, top_p=p, seed=7 + i)
+            for i, (q, (t, k, p)) in enumerate(zip(QUESTIONS, settings))]
+    diffs, outside = [], 0
+    for out, (t, k, p) in zip(v.generate(reqs), settings):
+        assert len(out.logprobs) == len(out.completion_ids) > 0
+        logits = teacher_logits(ref, out.prompt_ids, out.completion_ids)[:-1]
+        if t > 0:
+            logits = TemperatureLogitsWarper(t)(None, logits)
+            logits = TopKLogitsWarper(k)(None, logits) if k else logits
+            logits = TopPLogitsWarper(p)(None, logits) if p < 1 else logits
+        want = logits.log_softmax(-1).gather(1, torch.tensor(out.completion_ids, device=logits.device)[:, None])[:, 0]
+        finite = torch.isfinite(want)
+        outside += int((~finite).sum())  # sampled in bf16 just outside float32's top-p / top-k set
+        diffs.append((torch.tensor(out.logprobs, device=want.device)[finite] - want[finite]).abs())
+    d = torch.cat(diffs)
+    print(f"log-prob |vLLM bf16 - float32 recomputation|: mean {d.mean():.4f} max {d.max():.4f} "
+          f"over {d.numel()} tokens; {outside} outside the float32 set")
+    assert outside <= 2 and d.mean() < 0.03 and d.max() < 0.3
+
+
+def test_stop_strings_and_max_tokens_cut_like_transformers(engines):
+    v, ref = engines
+    base = v.generate([ask(q, max_tokens=40, temperature=0.0) for q in QUESTIONS[:4]])
+    stops = [b.text[3:5] for b in base]
+    reqs = [ask(q, max_tokens=40, temperature=0.0, stop=("@@never@@", s)) for q, s in zip(QUESTIONS, stops)]
+    got, want = v.generate(reqs), ref.generate(reqs)
+    for g, w, b, s in zip(got, want, base, stops):
+        assert g.finish_reason == "stop" and g.text == b.text[: b.text.find(s)]
+        assert g.completion_ids == b.completion_ids[: len(g.completion_ids)] and len(g.logprobs) == len(g.completion_ids)
+        assert s in v.tokenizer.decode(g.completion_ids, skip_special_tokens=True)
+        assert s not in v.tokenizer.decode(g.completion_ids[:-1], skip_special_tokens=True)
+        if g.completion_ids == w.completion_ids:  # same path: the same cut, text and reason
+            assert (g.text, g.finish_reason) == (w.text, w.finish_reason)
+    short = [ask(q, max_tokens=3, temperature=0.0) for q in QUESTIONS]  # greedy: the engines' RNGs differ
+    for g, w in zip(v.generate(short), ref.generate(short)):
+        assert len(g.completion_ids) == 3 == len(w.completion_ids) and g.finish_reason == "length" == w.finish_reason
+
+
+def test_seeded_request_alone_and_in_company(engines):
+    v, _ = engines
+    req = ask("What is 5 + 6?", max_tokens=24, temperature=1.0, top_k=0, seed=123)
+    alone = v.generate([req])[0]
+    crowd = v.generate([ask(q, max_tokens=30, temperature=1.0, seed=i) for i, q in enumerate(QUESTIONS)] + [req])
+    assert crowd[-1].completion_ids == alone.completion_ids
+
+
+def test_reload_in_place_then_greedy_equals_transformers(engines, policy):
+    v, ref = engines
+    reqs = [ask(q, max_tokens=32, temperature=0.0) for q in QUESTIONS]
+    before = v.generate(reqs)  # fills the prefix cache with these prompts
+    torch.manual_seed(0)
+    new = {k: (t + 0.02 * torch.randn_like(t)).to(torch.float32) for k, t in ref.model.state_dict().items()}
+    new["lm_head.weight"] = new["model.embed_tokens.weight"]  # tied: one tensor under both names
+    version = v.version
+    v.load_weights({k: t.to("cuda", torch.bfloat16) for k, t in new.items()}, version + 1)
+    ref.load_weights(new, version + 1)
+    after, want = v.generate(reqs), ref.generate(reqs)
+    assert v.version == version + 1 and all(o.weight_version == version + 1 for o in after)
+    assert sum(a.completion_ids != b.completion_ids for a, b in zip(after, before)) >= len(reqs) // 2
+    exact = sum(a.completion_ids == w.completion_ids for a, w in zip(after, want))
+    print(f"after reload: greedy {exact}/{len(reqs)} identical to TransformersEngine with the same weights")
+    assert all(agree_up_to_near_ties(ref, a, w) for a, w in zip(after, want)) and exact >= len(reqs) // 2
+    with pytest.raises(ValueError, match="shape mismatch"):
+        v.load_weights({**new, "model.norm.weight": torch.zeros(3)}, version + 2)
+    assert v.version == version + 1
+
+
+def test_in_flight_requests_finish_on_the_weights_they_started_with(engines):
+    """A load_weights while requests run: they finish on the old weights and are labelled so; requests that
+    arrive during the reload wait and run on the new weights."""
+    v, ref = engines
+    state = {k: t.to("cuda", torch.bfloat16) for k, t in ref.model.state_dict().items()}
+    version = v.version
+    reqs = [ask(q, max_tokens=40, temperature=0.0) for q in QUESTIONS]
+    solo = v.generate(reqs)
+    running = [v.submit(r) for r in reqs]
+    while v.steps < 3:  # admitted and decoding
+        time.sleep(0.001)
+    zeros = {k: torch.zeros_like(t) for k, t in state.items()}
+    import threading
+
+    loader = threading.Thread(target=v.load_weights, args=(zeros, version + 1))
+    loader.start()
+    time.sleep(0.005)
+    late = v.submit(reqs[0])
+    loader.join()
+    outs = [f.result() for f in running]
+    assert [o.completion_ids for o in outs] == [o.completion_ids for o in solo]
+    assert all(o.weight_version == version for o in outs)
+    assert late.result().weight_version == version + 1 and late.result().completion_ids != solo[0].completion_ids
+    v.load_weights(state, version + 2)
+    assert [o.completion_ids for o in v.generate(reqs)] == [o.completion_ids for o in solo]
+
+
+def test_a_long_completion_never_holds_back_a_short_one(engines, policy, tmp_path):
+    """A copy of the checkpoint whose eos is a byte the policy never writes: greedy runs to max_tokens."""
+    from whale_ray.policy.vllm_engine import VLLMEngine
+
+    long_ckpt = tmp_path / "long"
+    shutil.copytree(policy, long_ckpt)
+    rare = engines[1].tokenizer("\x01", add_special_tokens=False)["input_ids"]
+    tc = json.loads((long_ckpt / "tokenizer_config.json").read_text())
+    tc["eos_token"] = engines[1].tokenizer.convert_ids_to_tokens(rare)[0]
+    (long_ckpt / "tokenizer_config.json").write_text(json.dumps(tc))
+    gen = json.loads((long_ckpt / "generation_config.json").read_text())
+    (long_ckpt / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": rare}))
+    v = VLLMEngine(long_ckpt, dtype="bfloat16", max_batch=64, gpu_memory_utilization=0.15, cuda_graphs=False)
+    long = v.submit(ask("What is 1 + 1?", max_tokens=400, temperature=0.0))
+    while v.steps < 5:
+        time.sleep(0.001)
+    short = v.submit(ask("What is 2 + 2?", max_tokens=4, temperature=0.0))
+    short_out = short.result()
+    assert not long.done() and len(short_out.completion_ids) == 4  # served while the long one still runs
+    assert len(long.result().completion_ids) == 400 and long.result().finish_reason == "length"
+    v.close()
