@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import socket
 import textwrap
 import threading
@@ -858,3 +859,14 @@ def test_doctor_reports_every_layer():
     assert by["bubblewrap"] and by["seccomp"] and by["wall-clock kill"] and by["rlimits"]
     text = format_doctor(rows)
     assert text.count("\n") == len(rows) and "layers active" in text
+
+
+def test_mountinfo_shows_no_host_paths(bwrap):
+    r = run("def run(task, agent):\n    return open('/proc/self/mountinfo').read() + open('/proc/self/mounts').read()\n")
+    assert r.status == "ok"
+    prefix = os.path.realpath(sys.base_prefix)
+    leaks = ["whale-sbx-", "/work"] + ([prefix] if not prefix.startswith("/usr") else [])
+    if isolation.running_as_root():  # host-side tmpfs: the episode's files are the root of their own mount
+        assert " / /sandbox " in r.answer and "nr_inodes=" in r.answer
+        leaks.append("/root")
+    assert [leak for leak in leaks if leak in r.answer] == []

@@ -21,8 +21,10 @@ Landlock rules that child.py applies to itself before the domain tools and the h
 The Python installation: the sandbox runs the host's own interpreter (sys.base_prefix), never the
 venv. If its directory is not reachable by SANDBOX_UID (pyenv under a 0700 /root, the case here), a
 "mirror" of the installation without site-packages is made once per machine (hard links, or copies
-across file systems) in the temp directory and bound at the original path inside the sandbox, so the
-interpreter's absolute RUNPATH and sys.prefix are unchanged. site-packages is never visible.
+across file systems) in the temp directory and bound at the neutral path /python inside the sandbox (the
+host's prefix, /root/... here, stays out of its view): sys.prefix follows the executable there, and
+LD_LIBRARY_PATH finds the libpython that the absolute RUNPATH no longer reaches. site-packages is never
+visible. The episode's own files and writable mounts are described in mounts.py.
 """
 
 from __future__ import annotations
@@ -221,10 +223,12 @@ def _make_runtime() -> PythonRuntime:
     if prefix == "/usr" or prefix.startswith("/usr/"):
         return PythonRuntime(exe=exe, prefix=prefix, bind_source=None, flags=flags)
     st_exe, st_os = os.stat(exe), os.stat(os.path.join(prefix, "lib", libdir_name, "os.py"))
+    # The uid is in the key, not spelled out in the name: the sandbox's mountinfo shows this path as the
+    # source of its /python mount, and need not learn that whale-ray runs as root.
     key = hashlib.sha1(
-        f"{prefix}|{sys.version}|{st_exe.st_mtime_ns}|{st_exe.st_size}|{st_os.st_mtime_ns}".encode()
+        f"{prefix}|{sys.version}|{st_exe.st_mtime_ns}|{st_exe.st_size}|{st_os.st_mtime_ns}|{os.geteuid()}".encode()
     ).hexdigest()[:12]
-    dest = os.path.join(tempfile.gettempdir(), f"whale-ray-python-{ver}-{key}-u{os.geteuid()}")
+    dest = os.path.join(tempfile.gettempdir(), f"whale-ray-python-{key}")
     if not _mirror_ok(dest):
         if os.path.lexists(dest):
             raise SetupError(f"{dest} exists but is not a mirror made by this user; remove it")
