@@ -250,7 +250,7 @@ class AgentCLIProposer:
 
     def _run(self, argv: list[str], timeout: float, log: SessionLog) -> str:
         # The harness sandbox's layers too: per-slot uid, cgroup, seccomp and Landlock (whale_ray/sandbox/jail.py)
-        jail = CommandJail(network=self.opts.network, writable=[argv[argv.index(WORKSPACE) - 1]])
+        jail = CommandJail(network=self.opts.network)
         try:
             proc = jail.popen(jail.wrap(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, env={}, cwd="/")

@@ -1,6 +1,6 @@
 """The harness sandbox's layers for a jailed command that is not a harness (the agent-cli proposer's agent).
 
-    jail = CommandJail(network=False, writable=[workspace])
+    jail = CommandJail(network=False)
     try:
         argv = jail.wrap(bwrap_argv)      # bwrap's argv ending in `-- COMMAND...`, layered
         proc = jail.popen(argv, stdout=PIPE, stderr=PIPE)
@@ -12,9 +12,9 @@ The layers, as for a harness episode: a per-slot uid (root only: runner.UID_POOL
 signals are per jail; the writable trees are lent to that uid for the session), a cgroup of its own
 (memory and pids; the jail is moved in before the command runs), and seccomp and Landlock applied by
 child.py's `--exec` mode to itself right before it execs the command. Landlock allows writes only under
-`writable`, /tmp and /dev; with `network` on, seccomp also allows IP and netlink sockets and Landlock adds
-no TCP rules, with it off the jail has no network namespace of its own to leave anyway (bwrap --unshare-net)
-and IP sockets are refused too. Bind sources the slot uid cannot reach (a run directory under a 0700
+the argv's --bind destinations (the workspace), /tmp and /dev. With `network` on, seccomp also allows IP
+and netlink sockets and Landlock adds no TCP rules; with it off the jail has no network of its own
+(bwrap --unshare-net) and IP sockets are refused as well. Bind sources the slot uid cannot reach (a run directory under a 0700
 parent) are first bound by root at a staging path it can reach.
 """
 
@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import tempfile
-from pathlib import Path
 from typing import Any
 
 from whale_ray.sandbox import isolation
@@ -38,9 +37,8 @@ _AF_UNIX, _AF_INET, _AF_INET6, _AF_NETLINK = 1, 2, 10, 16
 
 
 class CommandJail:
-    def __init__(self, *, network: bool, writable: list[str | Path]):
+    def __init__(self, *, network: bool):
         self.network = network
-        self.writable = [str(Path(w).resolve()) for w in writable]
         self.uid: int | None = None
         self.cgroup: EpisodeCgroup | None = None
         self.notes: list[str] = []
