@@ -236,16 +236,26 @@ def test_conversations_split_votes_and_follow_turns():
 
 
 def test_cycle_wall_time_spans_launches(tmp_path):
+    """Killed late in a cycle, relaunched and killed again soon after: the cycle's wall time on record keeps
+    the first launch's share (a reset at relaunch would leave only the short second share)."""
     cfg = small_config(tmp_path / "run", condition="whale")
-    loop, _ = make_loop(cfg, pool=Pool(crash_after=60))
-    with pytest.raises(Crash):
-        loop.run()
-    crashed = RunState.load(cfg.run_dir)
-    assert crashed.cycle_wall_s > 0
-    trainer = Trainer()
-    trainer.load_checkpoint(cfg.run_dir / crashed.checkpoint)
-    loop, _ = make_loop(cfg, trainer=trainer)
-    history = loop.run()
-    row = history[crashed.cycle + 1]  # the cycle the crash cut short (history[0] is the start)
-    assert row.cycle == crashed.cycle + 1
-    assert row.wall_s >= round(crashed.cycle_wall_s, 1)
+
+    def crash(pool):
+        loop, _ = make_loop(cfg, pool=pool, trainer=resumed_trainer(cfg))
+        with pytest.raises(Crash):
+            loop.run()
+        return RunState.load(cfg.run_dir)
+
+    first = crash(Pool(crash_after=44))  # past row 0 and cycle 1: in cycle 2 (asserted below)
+    second = crash(Pool(crash_after=9))
+    assert (first.cycle, second.cycle) == (1, 1)
+    assert second.cycle_wall_s > first.cycle_wall_s > 0
+    history = make_loop(cfg, trainer=resumed_trainer(cfg))[0].run()
+    assert history[2].wall_s >= round(second.cycle_wall_s, 1)
+
+
+def resumed_trainer(cfg) -> Trainer:
+    trainer, state = Trainer(), RunState.load(cfg.run_dir)
+    if state is not None and state.checkpoint:
+        trainer.load_checkpoint(cfg.run_dir / state.checkpoint)
+    return trainer

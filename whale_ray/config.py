@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from whale_ray.domain import DomainConfig, get_domain, section_owner
+from whale_ray.resources import ResourcesConfig, storage_root
 from whale_ray.sandbox.runner import SandboxLimits
 
 CONDITIONS = ("rsft_only", "mh_only", "whale", "adaptive_whale", "stagewise")
@@ -203,7 +204,12 @@ class EvalConfig(_Strict):
     val_samples: int = Field(4, gt=0)
 
 
+# 1: before the domain plug-ins (retrieval/judge written for every domain); 2: a domain's sections only for it
+CONFIG_VERSION = 2
+
+
 class WhaleConfig(_Strict):
+    config_version: int = CONFIG_VERSION  # of the keys' layout; a run directory's older config.yaml is upgraded
     domain: str = "math_reasoning"
     condition: str = "whale"
     E: float = Field(0.6, description="weight-phase budget per cycle, in epochs of D_weight")
@@ -219,6 +225,10 @@ class WhaleConfig(_Strict):
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)  # each role's Ray resources (resources.py)
+    # Where the run directory (when run_dir is relative) and the embedded-policy cache live: a path that every
+    # node mounts, or a file:// URI; None: run_dir as given and $WHALE_CACHE (or ~/.cache/whale-ray).
+    storage: Optional[str] = None
     # The domain's own sections, validated by its `config_model` (see the module's docstring).
     domain_config: SerializeAsAny[DomainConfig] = Field(default_factory=DomainConfig)
 
@@ -275,6 +285,12 @@ class WhaleConfig(_Strict):
             raise ValueError(f"unknown condition {v!r}; choose one of {', '.join(CONDITIONS)}")
         return v
 
+    @field_validator("storage")
+    @classmethod
+    def _usable_storage(cls, v: Optional[str]) -> Optional[str]:
+        storage_root(v)  # a ValueError naming the URI and what is wrong
+        return v
+
     @field_validator("domain")
     @classmethod
     def _known_domain(cls, v: str) -> str:
@@ -325,6 +341,36 @@ def load_config(path: Path | None = None, overrides: dict[str, Any] | None = Non
         return WhaleConfig.model_validate(tree)
     except ValidationError as e:
         raise ConfigError(_describe(e, origin)) from None
+
+
+def upgrade_config_tree(tree: dict[str, Any]) -> dict[str, Any]:
+    """A config.yaml written by an older whale-ray, in today's layout. Keys added since take their defaults
+    when validated; keys that moved or went away are mapped here, one step per version."""
+    tree = dict(tree)
+    version = tree.get("config_version", 1)
+    if version < 2:  # search_qa's sections were written into every run's config.yaml
+        try:
+            owned = get_domain(tree.get("domain", WhaleConfig.model_fields["domain"].default)).config_model.model_fields
+        except ValueError:
+            owned = {}
+        for key in ("retrieval", "judge"):
+            if key not in owned:
+                tree.pop(key, None)
+    tree["config_version"] = CONFIG_VERSION
+    return tree
+
+
+def load_recorded_config(path: Path) -> WhaleConfig:
+    """A run directory's config.yaml, whichever whale-ray wrote it."""
+    try:
+        tree = yaml.safe_load(Path(path).read_text()) or {}
+        return WhaleConfig.model_validate(upgrade_config_tree(tree))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e.__class__.__name__})") from None
+    except (OSError, AttributeError) as e:  # unreadable, or not a mapping
+        raise ConfigError(f"{path}: cannot be read ({e.__class__.__name__}: {e})") from None
+    except ValidationError as e:
+        raise ConfigError(_describe(e, str(path))) from None
 
 
 def dump_config(cfg: WhaleConfig) -> str:

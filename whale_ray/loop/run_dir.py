@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from whale_ray.config import ConfigError, WhaleConfig, dump_config, load_config
+from whale_ray.config import ConfigError, WhaleConfig, dump_config, load_recorded_config
 from whale_ray.records import Rollout, rollouts_to_table
 from whale_ray.run_state import Evaluation, RolloutFile, RolloutPhase, RunState
 from whale_ray.storage import atomic_write_text
@@ -63,7 +63,7 @@ class RunDirectory:
         if not path.is_file():
             return []
         try:
-            recorded = _flat(load_config(path).model_dump(mode="json"))
+            recorded = _flat(load_recorded_config(path).model_dump(mode="json"))
         except ConfigError as e:
             return [f"config.yaml no longer loads ({e})"]
         given = _flat(cfg.model_dump(mode="json"))
