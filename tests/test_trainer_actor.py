@@ -30,15 +30,6 @@ def trainer(cluster, tiny_model, tmp_path_factory):
         ray.get(t.shutdown.remote())
 
 
-@ray.remote(num_cpus=0)
-class WeightSink:
-    """Stands in for the PolicyServer: receives the state dict that an object ref resolves to."""
-
-    def load_weights(self, state_dict: dict, version: int) -> dict:
-        total = float(sum(v.double().sum() for v in state_dict.values()))
-        return {"version": version, "keys": sorted(state_dict), "total": total}
-
-
 def _same(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -59,10 +50,48 @@ def test_train_step_returns_metrics_and_bumps_version(trainer, tiny_model):
 
     after = ray.get(trainer.latest_weights.remote())
     assert not _same(initial, after)
-    # the PolicyServer path: the ref goes straight from the Trainer to another actor
-    got = ray.get(WeightSink.remote().load_weights.remote(trainer.latest_weights.remote(), m["version"]))
-    assert got["version"] == m["version"] and got["keys"] == sorted(after)
-    assert got["total"] == pytest.approx(float(sum(v.double().sum() for v in after.values())))
+
+
+def completion_logprobs(model, call) -> list[float]:
+    """Raw log-probs of a call's completion tokens under `model` (one forward over prompt + completion)."""
+    ids = torch.tensor([call.prompt_ids + call.completion_ids])
+    with torch.no_grad():
+        logp = model(ids).logits[0].float().log_softmax(-1)
+    n = len(call.prompt_ids)
+    return [float(logp[n - 1 + i, t]) for i, t in enumerate(call.completion_ids)]
+
+
+def test_new_weights_reach_the_real_policy_server(cluster, tiny_policy, tmp_path):
+    """The ref from the Trainer goes straight to the PolicyServer, which generates with exactly those weights."""
+    from transformers import AutoModelForCausalLM
+
+    from actors.policy_server import PolicyServer
+    from whale_ray.records import SamplingParams
+
+    messages = [{"role": "user", "content": "A jar has 4 apples. Ann removes 1. How many apples are in the jar now?"}]
+    greedy = SamplingParams(max_tokens=12, temperature=0.0)
+    trainer = Trainer.remote(tiny_policy, CFG, str(tmp_path / "trainer"))
+    policy = PolicyServer.remote(tiny_policy, engine="transformers", max_batch=4, batch_wait_ms=1.0, device="cpu")
+    try:
+        before = ray.get(policy.generate.remote(messages, greedy))
+        assert before.weight_version == 0 and before.completion_ids
+        # train towards another completion of the same prompt, so the greedy reply has to move
+        m = ray.get(trainer.train_step.remote([(before.prompt_ids, [before.completion_ids[0]] * 6)] * 4))
+        assert m["trained"] and m["version"] == 1
+        assert ray.get(policy.load_weights.remote(trainer.latest_weights.remote(), m["version"])) == 1
+        after = ray.get(policy.generate.remote(messages, greedy))
+        assert after.weight_version == 1 and ray.get(policy.version.remote()) == 1
+        weights = ray.get(trainer.latest_weights.remote())
+    finally:
+        ray.get(trainer.shutdown.remote())
+        ray.kill(policy)
+    base = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    trained = AutoModelForCausalLM.from_pretrained(tiny_policy)
+    trained.load_state_dict(weights)
+    # the served log-probs are those of the trained weights, not of the base model
+    assert after.logprobs == pytest.approx(completion_logprobs(trained, after), abs=1e-4)
+    assert before.logprobs == pytest.approx(completion_logprobs(base, before), abs=1e-4)
+    assert completion_logprobs(base, after) != pytest.approx(after.logprobs, abs=1e-2)
 
 
 def test_checkpoint_loads_in_transformers_and_resumes_exactly(trainer, tmp_path):
