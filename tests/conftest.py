@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,28 +40,54 @@ def small_config(run_dir: Path, **overrides) -> WhaleConfig:
     return cfg
 
 
-@pytest.fixture(scope="session")
-def whale_cache(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("whale-cache")
-    os.environ["WHALE_CACHE"] = str(path)
+@functools.cache
+def policy_cache(config: pytest.Config) -> Path:
+    """Where the test policies are built: pytest's cache directory (kept between sessions; a build is keyed on
+    everything it depends on, like the real cache), or a fresh folder when the cache plugin is off."""
+    cache = getattr(config, "cache", None)
+    path = cache.mkdir("whale-cache") if cache is not None else Path(tempfile.mkdtemp(prefix="whale-cache-"))
+    os.environ["WHALE_CACHE"] = str(path)  # subprocesses (whale run) find the same builds
     return path
 
 
-@pytest.fixture(scope="session")
-def embedded_policy(whale_cache):
-    """embedded_policy(domain) -> a small embedded policy of that domain (60 warm-start steps), built once."""
+def build_test_policy(config: pytest.Config, domain: str) -> str:
+    """A small embedded policy of `domain` (60 warm-start steps), built once and cached."""
     from whale_ray.domain import get_domain
     from whale_ray.policy.tiny import build_embedded_policy
 
-    built: dict[str, str] = {}
+    return str(build_embedded_policy(get_domain(domain), cache_dir=policy_cache(config), warmstart_steps=60,
+                                     seed=0, progress=False))
 
-    def get(domain: str) -> str:
-        if domain not in built:
-            built[domain] = str(build_embedded_policy(get_domain(domain), cache_dir=whale_cache, warmstart_steps=60,
-                                                      seed=0, progress=False))
-        return built[domain]
 
-    return get
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the test policies the collected tests use before the first test starts, so that a build (minutes on
+    a loaded 2-core machine) never counts against one test's timeout."""
+    if session.config.option.collectonly:
+        return
+    domains: set[str] = set()
+    for item in session.items:
+        names = getattr(item, "fixturenames", ())  # every fixture the test reaches (tiny_policy reaches the other)
+        callspec = getattr(item, "callspec", None)
+        domain = callspec.params.get("domain") if callspec is not None else None
+        if "embedded_policy" in names and domain:
+            domains.add(domain)
+        elif "tiny_policy" in names:
+            domains.add("math_reasoning")
+        elif "embedded_policy" in names:  # the domains its module asks for by name
+            domains.update(re.findall(r'embedded_policy\("(\w+)"\)', Path(item.fspath).read_text()))
+    for domain in sorted(domains):
+        build_test_policy(session.config, domain)
+
+
+@pytest.fixture(scope="session")
+def whale_cache(pytestconfig) -> Path:
+    return policy_cache(pytestconfig)
+
+
+@pytest.fixture(scope="session")
+def embedded_policy(pytestconfig, whale_cache):
+    """embedded_policy(domain) -> a small embedded policy of that domain, built before the tests (see above)."""
+    return lambda domain: build_test_policy(pytestconfig, domain)
 
 
 @pytest.fixture(scope="session")
