@@ -14,8 +14,8 @@ import pytest
 
 from whale_ray.archive import Archive
 from whale_ray.config import HarnessPhaseConfig
-from whale_ray.proposer import make_proposer
 from whale_ray.proposers.agent_cli import AgentCLIProposer, parse_agent_usage
+from whale_ray.proposers.registry import make_proposer
 from whale_ray.proposers.session import Limits
 from whale_ray.sandbox.isolation import find_bwrap
 

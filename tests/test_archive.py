@@ -1,4 +1,4 @@
-"""The filesystem archive: round trip, atomicity, Pareto frontier, selection, resume, views."""
+"""The filesystem archive: round trip, atomicity, re-evaluation, resume, views (summary, frontier.json)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import whale_ray.archive as archive_mod
-from whale_ray.archive import Archive, ArchiveError, dominates
+from whale_ray import selection
+from whale_ray.archive import Archive, ArchiveError
 
 H0 = '''SYSTEM_PROMPT = "Solve it."
 MAX_TURNS = 2
@@ -166,8 +167,7 @@ def test_atomicity_unfinished_writes_are_not_evaluated(arch: Archive, tmp_path: 
     assert fresh.get(lying).status == "proposed"
     assert fresh.candidates("evaluated") == []
     assert [c.id for c in fresh.pending(2)] == [cid, lying]
-    with pytest.raises(ArchiveError, match="no evaluated candidate"):
-        fresh.best()
+    assert selection.frontier(fresh.candidates()) == []
     assert add(fresh, variant(5)) == "c003"  # the temp folder's id is not taken into account
 
     # the retry succeeds; a crash after scores.json but before meta.json still counts as evaluated
@@ -198,54 +198,19 @@ def test_atomic_write_leaves_no_temp_file(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
 
 
-def test_frontier_excludes_dominated(arch: Archive) -> None:
+def test_frontier_json_is_selections_view(arch: Archive) -> None:
+    """frontier.json is written with whale_ray.selection (tested at its edges in test_selection.py)."""
     a = scored(arch, variant(3), 0.5, 2, 100)
-    b = scored(arch, variant(4), 0.5, 3, 100)  # dominated by a (more turns)
-    c = scored(arch, variant(5), 0.4, 1, 100)  # fewest turns
-    d = scored(arch, variant(6), 0.3, 1.5, 100)  # dominated by c
-    e = scored(arch, variant(7), 0.6, 4, 300)  # best success rate
-    f = scored(arch, variant(8), 0.4, 1, 100)  # equal to c: neither dominates
-    g = scored(arch, variant(9), 0.5, 2, 150)  # dominated by a (more tokens)
-    front = [x.id for x in arch.frontier()]
-    assert front == [e, a, c, f]
-    assert b not in front and d not in front and g not in front and "h0" not in front  # h0 is not evaluated
-    assert dominates(arch.get(a), arch.get(b)) and not dominates(arch.get(c), arch.get(f))
-    assert arch.best().id == e
+    scored(arch, variant(4), 0.5, 3, 100)  # dominated by a
+    c = scored(arch, variant(5), 0.25, 1, 100, n=4)
+    e = scored(arch, variant(7), 0.75, 4, 300, n=4)
+    front = json.loads((arch.root / "frontier.json").read_text())
+    assert [f["id"] for f in front["frontier"]] == [e, a, c] == [x.id for x in selection.frontier(arch.candidates())]
+    assert front["best"] == e and front["objectives"] == {
+        "success_rate": "max", "mean_turns": "min", "mean_prompt_tokens": "min"}
 
 
-def test_best_tie_breaks(arch: Archive) -> None:
-    x = scored(arch, variant(3), 0.5, 3, 100)
-    y = scored(arch, variant(4), 0.5, 2, 200)  # same success, fewer turns
-    assert arch.best().id == y
-    z = scored(arch, variant(5), 0.5, 2, 150)  # same success and turns, fewer tokens
-    assert arch.best().id == z
-    w = scored(arch, variant(6), 0.5, 2, 150)  # identical objectives: the earlier one wins
-    assert arch.best().id == z and w in [c.id for c in arch.frontier()]
-    v = scored(arch, variant(7), 0.6, 9, 900)  # a higher success rate beats everything
-    front = [c.id for c in arch.frontier()]
-    assert arch.best().id == v and y not in front and x in front  # x has the fewest tokens
-
-
-def test_noise_margin(arch: Archive) -> None:
-    inc = scored(arch, variant(3), 0.5, 2, 100, n=20)
-    small = scored(arch, variant(4), 0.55, 2, 100, n=20)
-    assert arch.best().id == small  # no margin: the plain top
-    assert arch.best(noise_margin=0.1, incumbent=inc).id == inc  # 0.05 is within the noise
-    assert arch.best(noise_margin=0.0, incumbent=inc).id == small
-    exact = scored(arch, variant(5), 0.6, 2, 100, n=20)
-    assert arch.best(noise_margin=0.1, incumbent=inc).id == inc  # exactly the margin is not "more than"
-    big = scored(arch, variant(6), 0.7, 2, 100, n=20)
-    assert arch.best(noise_margin=0.1, incumbent=arch.get(inc)).id == big
-    assert arch.best(noise_margin=0.1, incumbent=big).id == big  # the incumbent is the top
-    assert exact != big
-    pending = add(arch, variant(7))
-    with pytest.raises(ArchiveError, match="not evaluated"):
-        arch.best(noise_margin=0.1, incumbent=pending)
-    with pytest.raises(ValueError):
-        arch.best(noise_margin=-1)
-
-
-def test_weight_version_filter(arch: Archive) -> None:
+def test_reevaluation_and_views_per_weight_version(arch: Archive) -> None:
     arch.record_evaluation("h0", *episodes(8, 10), weight_version=0)
     # next cycle: the coordinator re-evaluates the incoming harness under the new weights
     re_eval = arch.add_reevaluation("h0", weight_version=1, cycle=1)
@@ -256,17 +221,10 @@ def test_weight_version_filter(arch: Archive) -> None:
     arch.record_evaluation(re_eval, *episodes(3, 10), weight_version=1)
     c = scored(arch, variant(3), 0.4, 2, 100, wv=1, parent=re_eval)
     assert arch.weight_versions() == [0, 1]
-    assert arch.best().id == "h0"  # archive-wide
-    assert arch.best(weight_version=1).id == c
-    assert [x.id for x in arch.frontier(weight_version=1)] == [c]  # c dominates the re-evaluation
-    assert [x.id for x in arch.frontier(weight_version=0)] == ["h0"]
-    with pytest.raises(ArchiveError, match="under weight version 5"):
-        arch.best(weight_version=5)
-    with pytest.raises(ArchiveError, match="not comparable"):
-        arch.best(noise_margin=0.1, incumbent="h0", weight_version=1)
-    assert arch.best(noise_margin=0.2, incumbent=re_eval, weight_version=1).id == re_eval
     front = json.loads((arch.root / "frontier.json").read_text())
     assert front["by_weight_version"]["1"]["best"] == c and front["by_weight_version"]["0"]["best"] == "h0"
+    assert [f["id"] for f in front["by_weight_version"]["1"]["frontier"]] == [c]  # c dominates the re-evaluation
+    assert front["best"] == "h0"  # archive-wide, across versions: a view, not what the loop accepts
 
 
 def test_pending_for_resume(arch: Archive, tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from tests.conftest import load_harness
 from tests.inprocess_agent import InProcessEpisode
 from whale_ray.config import DataConfig
 from whale_ray.domain import DataError, Domain, get_domain
-from whale_ray.proposer import parse_skill
+from whale_ray.proposers.skill import parse_skill
 from whale_ray.records import ModelCall, Task
 
 FOLDER = Path(__file__).resolve().parents[1] / "domains" / "chess_puzzles"

@@ -22,10 +22,11 @@ import yaml
 from whale_ray.archive import Archive
 from whale_ray.config import DataConfig, HarnessPhaseConfig, load_config
 from whale_ray.domain import get_domain
-from whale_ray.proposer import PROPOSER_KINDS, ProposerError, make_proposer
 from whale_ray.proposers.archive_tools import ArchiveTools, ToolInputError
+from whale_ray.proposers.base import ProposerError
 from whale_ray.proposers.leakage import LeakageGuard
 from whale_ray.proposers.llm import LLMProposer, is_loopback
+from whale_ray.proposers.registry import PROPOSER_KINDS, make_proposer
 from whale_ray.proposers.session import Limits, Usage, budget_exhausted, cost_usd, price_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -230,7 +231,7 @@ def test_session_reads_code_scores_and_raw_traces_then_writes_candidates(tmp_pat
               content="Writing the second one now."),
     ])
     proposer = make_proposer("llm", config=hp(server.base_url))
-    props = proposer.propose(a, 2, 3, skill_text=SKILL, seed=0)
+    props = proposer.propose(a, 2, 3, skill_text=SKILL, seed=0).proposals
 
     assert [p.code for p in props] == [new1, new2]
     assert [p.parent for p in props] == ["c001", "c001"]  # the second defaults to the frontier top (c001)
@@ -296,7 +297,7 @@ def test_garbage_replies_and_bad_tool_arguments_get_errors_back(tmp_path, serve)
         reply(("write_candidate", {"code": "```python\n" + good + "```", "hypothesis": "six turns"})),
     ])
     proposer = LLMProposer(config=hp(server.base_url, llm__nudges=2))
-    props = proposer.propose(a, 1, 3, skill_text=SKILL, seed=0)
+    props = proposer.propose(a, 1, 3, skill_text=SKILL, seed=0).proposals
 
     assert [p.code.strip() for p in props] == [good.strip()]  # the fenced code was unwrapped
     s = proposer.last_session
@@ -322,7 +323,7 @@ def test_a_model_that_never_writes_ends_the_session_without_candidates(tmp_path,
     a = archive_with_history(tmp_path)
     server = serve([reply(content="Harnesses are interesting.")] * 10)
     proposer = LLMProposer(config=hp(server.base_url, llm__nudges=2))
-    assert proposer.propose(a, 2, 3, skill_text=SKILL, seed=0) == []
+    assert proposer.propose(a, 2, 3, skill_text=SKILL, seed=0).proposals == []
     assert "stopped calling tools with 0 of 2" in proposer.last_session["stop_reason"]
     assert len(server.requests) == 3  # the reply plus two reminders
 
@@ -337,7 +338,7 @@ def test_429_5xx_timeouts_and_bad_bodies_are_retried_and_logged(tmp_path, serve)
         reply(("write_candidate", {"code": variant(5), "hypothesis": "five turns"})),
     ])
     proposer = LLMProposer(config=hp(server.base_url, endpoint__timeout_s=0.5, endpoint__max_retries=4))
-    props = proposer.propose(a, 1, 3, skill_text=SKILL, seed=0)
+    props = proposer.propose(a, 1, 3, skill_text=SKILL, seed=0).proposals
     assert len(props) == 1
     s = proposer.last_session
     assert [r["error"].split(":")[0] for r in s["retries"]] == [
@@ -352,13 +353,13 @@ def test_retries_give_up_and_fatal_errors_end_the_session_cleanly(tmp_path, serv
     a = archive_with_history(tmp_path)
     server = serve([http_error(500)] * 10)
     proposer = LLMProposer(config=hp(server.base_url, endpoint__max_retries=2))
-    assert proposer.propose(a, 1, 3, skill_text=SKILL, seed=0) == []
+    assert proposer.propose(a, 1, 3, skill_text=SKILL, seed=0).proposals == []
     assert "gave up after 2 retries" in proposer.last_session["stop_reason"]
     assert len(server.requests) == 3
 
     server = serve([http_error(401, body='{"error": {"message": "bad key"}}')] * 3)
     proposer = LLMProposer(config=hp(server.base_url))
-    assert proposer.propose(a, 1, 3, skill_text=SKILL, seed=0) == []
+    assert proposer.propose(a, 1, 3, skill_text=SKILL, seed=0).proposals == []
     assert proposer.last_session["stop_reason"].startswith("error: HTTP 401")
     assert len(server.requests) == 1  # not retried
 
@@ -368,7 +369,7 @@ def test_budget_limits_end_the_session(tmp_path, serve):
     loop = [reply(("list_candidates", {}), usage=(1000, 200, 0))] * 20
     server = serve(loop)
     proposer = LLMProposer(config=hp(server.base_url))
-    assert proposer.propose(a, 2, 3, skill_text=SKILL, seed=0, limits=Limits(max_tokens=2500)) == []
+    assert proposer.propose(a, 2, 3, skill_text=SKILL, seed=0, limits=Limits(max_tokens=2500)).proposals == []
     s = proposer.last_session
     assert s["stop_reason"] == "budget: tokens" and s["usage"]["calls"] == 3 and len(server.requests) == 3
 
@@ -407,7 +408,7 @@ def test_the_key_comes_from_the_named_variable_and_never_enters_the_log(tmp_path
     server = serve([reply(("list_candidates", {}), content=f"my key is {key}"),
                     reply(("write_candidate", {"code": variant(5), "hypothesis": f"uses {key}"}))])
     proposer = LLMProposer(config=hp(server.base_url))
-    props = proposer.propose(a, 1, 3, skill_text=SKILL, seed=0)
+    props = proposer.propose(a, 1, 3, skill_text=SKILL, seed=0).proposals
     assert {k.lower(): v for k, v in server.headers[0].items()}["authorization"] == f"Bearer {key}"
     assert key not in json.dumps(proposer.last_session) and "***" in json.dumps(proposer.last_session)
     assert len(props) == 1
@@ -542,7 +543,6 @@ def test_coordinator_rejects_leaks_logs_sessions_and_stops_on_the_proposer_budge
     # iteration 2: 2 calls x 3500 tokens. Iteration 3 writes nothing and its session stops on its share of
     # the budget (5000 left: 2 calls). Then the run's cap is reached and the phase ends (I = 4).
     cfg = coordinator_config(tmp_path / "run", server.base_url, I=4, harness_phase__max_proposer_tokens=12000)
-    started = time.monotonic()
     coordinator = Coordinator(cfg, tiny_policy)
     coordinator.run()
     stop_actors(coordinator)
@@ -574,7 +574,6 @@ def test_coordinator_rejects_leaks_logs_sessions_and_stops_on_the_proposer_budge
     lines = "\n".join(ledger_lines(state))
     assert "proposer (separate ledger, not in rollouts): 2 sessions, 4 model calls" in lines
     assert "stopped by the proposer budget" in lines and "as D_test leakage" in lines
-    assert time.monotonic() - started < 90
 
 
 @pytest.mark.slow

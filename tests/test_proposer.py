@@ -12,18 +12,12 @@ import pytest
 
 from whale_ray.archive import Archive
 from whale_ray.harness import HarnessError, check_harness_source, harness_diff, load_harness_file, normalize_code
-from whale_ray.proposer import (
-    Edit,
-    OfflineProposer,
-    Proposal,
-    ProposerError,
-    apply_edit,
-    changes_between,
-    make_proposer,
-    numeric_steps,
-    parse_skill,
-    read_knobs,
-)
+from whale_ray.proposers.base import Proposal, ProposerError
+from whale_ray.proposers.edits import Edit, apply_edit, changes_between
+from whale_ray.proposers.knobs import numeric_steps, read_knobs
+from whale_ray.proposers.offline import OfflineProposer
+from whale_ray.proposers.registry import make_proposer, proposer_options
+from whale_ray.proposers.skill import parse_skill
 
 H0 = r'''"""A small test harness in the h0 style."""
 import json
@@ -167,7 +161,7 @@ def seeded(tmp_path: Path, code: str = H0) -> Archive:
 
 
 def propose(a: Archive, n: int = 3, seed: int = 0, iteration: int = 2, skill: str = SKILL) -> list[Proposal]:
-    props = OfflineProposer().propose(a, n, iteration, skill_text=skill, seed=seed)
+    props = OfflineProposer().propose(a, n, iteration, skill_text=skill, seed=seed).proposals
     for p in props:
         check_harness_source(p.code, "proposal")
         assert p.hypothesis and p.parent
@@ -479,9 +473,10 @@ def test_dedupe_scope_under_new_weights(tmp_path: Path) -> None:
     again = a.add_candidate(H0, parent="h0", hypothesis="re-evaluate incoming harness under weights v1", iteration=1, cycle=1)
     a.record_evaluation(again, [row(i, float(i < 2)) for i in range(10)], trunc, weight_version=1)
     single = {"second_edit_prob": 0.0}  # one edit per candidate, to compare codes exactly
-    strict = OfflineProposer(**single).propose(a, 1, 2, skill_text=SKILL, seed=0)[0]
+    strict = OfflineProposer(**single).propose(a, 1, 2, skill_text=SKILL, seed=0).proposals[0]
     assert strict.parent == again and knob(strict.code, "MAX_TURNS") == 2  # MAX_TURNS = 3 is taken
-    per_version = OfflineProposer(dedupe="weight_version", **single).propose(a, 1, 2, skill_text=SKILL, seed=0)[0]
+    per_version = OfflineProposer(dedupe="weight_version", **single).propose(a, 1, 2, skill_text=SKILL,
+                                                                             seed=0).proposals[0]
     assert per_version.parent == again and per_version.code == a.get(tried).code  # worth a retry under v1
     with pytest.raises(ValueError, match="dedupe scope"):
         OfflineProposer(dedupe="never")
@@ -514,8 +509,9 @@ def test_other_frontier_members_are_parents_sometimes(tmp_path: Path) -> None:
 def test_degrades_on_harnesses_without_conventions(tmp_path: Path) -> None:
     bare = "def run(task, agent):\n    return agent.generate([{'role': 'user', 'content': task['question']}])\n"
     prop = OfflineProposer()
-    assert prop.propose(seeded(tmp_path / "a", bare), 3, 2, skill_text=SKILL, seed=0) == []
-    assert any("no further distinct valid edit" in n for n in prop.notes)
+    session = prop.propose(seeded(tmp_path / "a", bare), 3, 2, skill_text=SKILL, seed=0)
+    assert session.proposals == [] and session.log["stop_reason"] == "done"
+    assert any("no further distinct valid edit" in n for n in session.log["notes"])
 
     odd = (
         "LIMITS = (1, 2)\nNAME = 'x'\nSYSTEM_PROMPT = f'{NAME} solves'\nMAX_TURNS = 2\n\n"
@@ -535,10 +531,8 @@ def test_make_proposer() -> None:
         make_proposer("oracle")
 
 
-
 def test_offline_dedupe_scope_comes_from_the_config() -> None:
     from whale_ray.config import load_config
-    from whale_ray.proposers import proposer_options
 
     cfg = load_config(None, {"harness_phase.offline_dedupe": "weight_version"})
     assert make_proposer("offline", **proposer_options(cfg.harness_phase)).dedupe == "weight_version"
@@ -558,14 +552,19 @@ def test_harness_proposer_actor_on_local_ray(tmp_path: Path, ray_cluster) -> Non
     expected = [p.to_dict() for p in propose(a, n=2, seed=3)]
 
     actor = HarnessProposer.remote("offline", SKILL, 3)
-    got = ray.get(actor.propose.remote(str(a.root), 2, 2), timeout=120)
+    result = ray.get(actor.session.remote(str(a.root), 2, 2, {"max_tokens": 10}, None), timeout=120)
+    got = result["proposals"]
     assert got == expected
     assert set(got[0]) == {"code", "parent", "hypothesis"}
     assert knob(got[0]["code"], "MAX_TURNS") == 3
+    log = result["session"]  # the same log shape as the model-backed kinds
+    assert log["kind"] == "offline" and log["stop_reason"] == "done" and log["proposals"] == got
+    assert log["usage"]["sessions"] == 1 and log["usage"]["prompt_tokens"] == 0  # no model, no tokens
+    assert log["limits"]["max_tokens"] == 10
     assert ray.get(actor.usage.remote())["proposals"] == 2
     assert any("truncation" in n for n in ray.get(actor.notes.remote()))
 
     broken = HarnessProposer.remote("oracle", SKILL, 0)
     with pytest.raises(Exception, match="unknown proposer kind 'oracle'"):
-        ray.get(broken.propose.remote(str(a.root), 1, 2), timeout=120)
+        ray.get(broken.session.remote(str(a.root), 1, 2), timeout=120)
 

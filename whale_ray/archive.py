@@ -1,4 +1,4 @@
-"""The harness archive: every candidate's code, meta, scores and traces on disk, and its Pareto frontier.
+"""The harness archive: every candidate's code, meta, scores and traces on disk, and views of them.
 
 The folders are the truth; `summary.jsonl` and `frontier.json` are views rebuilt from them.
 
@@ -18,7 +18,8 @@ Every file is written atomically (temp file in the same folder, fsync, os.replac
 folder is built under a hidden temp name and renamed into place, so a crash never leaves a half-made
 candidate; names starting with "." are ignored when reading.
 
-The archive is a plain class (no Ray). One process writes it (the coordinator); any number may read
+The archive only stores: which candidate is best is `whale_ray.selection`'s call (frontier.json is
+written with it). The archive is a plain class (no Ray). One process writes it (the coordinator); any number may read
 it (`Archive(root, read_only=True)`, as the proposer does).
 """
 
@@ -35,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from whale_ray import selection
 from whale_ray.harness import harness_diff
 from whale_ray.records import STATUSES
 from whale_ray.storage import atomic_write_text, fsync_dir, write_file
@@ -42,7 +44,6 @@ from whale_ray.storage import atomic_write_text, fsync_dir, write_file
 CANDIDATE_STATUSES = ("proposed", "invalid", "evaluated")
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _AUTO_ID_RE = re.compile(r"^c(\d+)$")
-_EPS = 1e-12
 
 
 class ArchiveError(ValueError):
@@ -99,9 +100,9 @@ class Candidate:
         return self._agg("mean_prompt_tokens")
 
     @property
-    def objectives(self) -> tuple[float, float, float]:
-        """(success_rate up, mean_turns down, mean_prompt_tokens down)."""
-        return (self.success_rate, self.mean_turns, self.mean_prompt_tokens)
+    def order(self) -> tuple:
+        """Creation order (what `candidates()` sorts by, and selection's last tie-break)."""
+        return (self.meta.get("seq", math.inf), self.id)
 
     def traces(self) -> list[dict[str, Any]]:
         """The episode traces (parsed JSON), empty when not evaluated."""
@@ -203,7 +204,7 @@ class Archive:
         if status is not None and status not in CANDIDATE_STATUSES:
             raise ValueError(f"unknown candidate status {status!r}; expected one of {CANDIDATE_STATUSES}")
         cands = [self._load(d) for d in self._candidate_dirs()]
-        cands.sort(key=_order_key)
+        cands.sort(key=lambda c: c.order)
         return [c for c in cands if status is None or c.status == status]
 
     def ids(self) -> list[str]:
@@ -220,47 +221,6 @@ class Archive:
     def weight_versions(self) -> list[int]:
         """The weight versions that candidates were evaluated under, ascending."""
         return sorted({c.weight_version for c in self.candidates("evaluated") if c.weight_version is not None})
-
-    def _evaluated(self, weight_version: int | None) -> list[Candidate]:
-        return [
-            c for c in self.candidates("evaluated")
-            if weight_version is None or c.weight_version == weight_version
-        ]
-
-    def frontier(self, weight_version: int | None = None) -> list[Candidate]:
-        """The Pareto frontier over evaluated candidates (success_rate up, mean_turns down,
-        mean_prompt_tokens down), best first (see `best`). With `weight_version`, only candidates
-        evaluated under those weights take part."""
-        return _pareto(self._evaluated(weight_version))
-
-    def best(
-        self, noise_margin: float = 0.0, incumbent: str | Candidate | None = None, *,
-        weight_version: int | None = None,
-    ) -> Candidate:
-        """The frontier's top: highest success rate, then fewer mean turns, then fewer prompt tokens,
-        then the earlier candidate. With a positive `noise_margin` and an `incumbent`, the top replaces
-        the incumbent only when its success rate exceeds the incumbent's by more than the margin."""
-        if noise_margin < 0:
-            raise ValueError(f"noise_margin must be >= 0, got {noise_margin}")
-        front = self.frontier(weight_version)
-        if not front:
-            where = f" under weight version {weight_version}" if weight_version is not None else ""
-            raise ArchiveError(f"archive {self.root}: no evaluated candidate{where}")
-        top = front[0]
-        if incumbent is None or noise_margin <= 0:
-            return top
-        inc_id = incumbent.id if isinstance(incumbent, Candidate) else incumbent
-        inc = self.get(inc_id)
-        if inc.status != "evaluated":
-            raise ArchiveError(f"incumbent {inc_id!r} is {inc.status}, not evaluated")
-        if weight_version is not None and inc.weight_version != weight_version:
-            raise ArchiveError(
-                f"incumbent {inc_id!r} was evaluated under weight version {inc.weight_version}, "
-                f"not {weight_version}: its scores are not comparable"
-            )
-        if top.id == inc.id:
-            return inc
-        return top if top.success_rate - inc.success_rate > noise_margin + _EPS else inc
 
     def view_for_proposer(self, *, traces: bool | Iterable[str] = True) -> list[dict[str, Any]]:
         """What a proposer may read: code, meta, scores and traces of evaluated and invalid
@@ -403,19 +363,18 @@ class Archive:
                     line[k] = c.scores.get(k)
             lines.append(json.dumps(line, sort_keys=True, ensure_ascii=False))
         atomic_write_text(self.root / "summary.jsonl", "".join(x + "\n" for x in lines))
-        evaluated = [c for c in cands if c.status == "evaluated"]
-        front = _pareto(evaluated)
+        front = selection.frontier(cands)
 
         def entry(c: Candidate) -> dict[str, Any]:
             return {"id": c.id, "weight_version": c.weight_version, "success_rate": c.success_rate,
                     "mean_turns": c.mean_turns, "mean_prompt_tokens": c.mean_prompt_tokens}
 
         by_version = {}
-        for v in sorted({c.weight_version for c in evaluated if c.weight_version is not None}):
-            f = _pareto([c for c in evaluated if c.weight_version == v])
+        for v in sorted({c.weight_version for c in selection.evaluated(cands) if c.weight_version is not None}):
+            f = selection.frontier(cands, v)
             by_version[str(v)] = {"best": f[0].id, "frontier": [entry(c) for c in f]}
         frontier = {
-            "objectives": {"success_rate": "max", "mean_turns": "min", "mean_prompt_tokens": "min"},
+            "objectives": {o.name: o.goal for o in selection.OBJECTIVES},
             "best": front[0].id if front else None,
             "frontier": [entry(c) for c in front],
             "by_weight_version": by_version,
@@ -424,25 +383,6 @@ class Archive:
 
 
 # ---------------------------------------------------------------------------------------- helpers
-
-
-def _order_key(c: Candidate) -> tuple:
-    return (c.meta.get("seq", math.inf), c.id)
-
-
-def _rank_key(c: Candidate) -> tuple:
-    return (-c.success_rate, c.mean_turns, c.mean_prompt_tokens, _order_key(c))
-
-
-def dominates(a: Candidate, b: Candidate) -> bool:
-    """a is at least as good as b in every objective and strictly better in one."""
-    (sa, ta, pa), (sb, tb, pb) = a.objectives, b.objectives
-    return sa >= sb and ta <= tb and pa <= pb and (sa > sb or ta < tb or pa < pb)
-
-
-def _pareto(cands: list[Candidate]) -> list[Candidate]:
-    front = [c for c in cands if not any(dominates(o, c) for o in cands if o is not c)]
-    return sorted(front, key=_rank_key)
 
 
 _REQUIRED_ROW_KEYS = ("task_id", "reward", "turns", "prompt_tokens", "status")

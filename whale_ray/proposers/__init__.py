@@ -1,5 +1,12 @@
-"""Model-backed harness proposers behind `whale_ray.proposer.Proposer`, and what they share.
+"""Harness proposers: read the archive, write new candidate harness files. One role per file:
 
+    base.py           the contract: `Proposer.propose(...)` -> `Session` (proposals + log with usage)
+    registry.py       kinds by name (`make_proposer`, `proposer_options`), imported when asked for
+    offline.py        `offline`: trace-informed libcst edits without a model, over
+      skill.py          the skill text's phrases and function variants
+      knobs.py          a harness's knobs and functions, and a numeric knob's next sane values
+      edits.py          the edits, and the edits between a parent and its child
+      diagnosis.py      what goes wrong in a candidate's traces
     llm.py            `llm`: a built-in agent loop over the openai client (any OpenAI-compatible endpoint)
     agent_cli.py      `agent-cli`: an external coding-agent command in a bubblewrap jail
     archive_tools.py  the read-only archive tools (list, read, grep, diff, frontier, history)
@@ -7,21 +14,6 @@
     session.py        usage, prices, budget limits, the session log and where it is stored
     leakage.py        the D_test leakage check the coordinator runs on every candidate
 
-Both proposers take the run's `HarnessPhaseConfig` and return `Proposal`s; the log of their last
-session is `last_session` (a JSON-able dict, secrets redacted).
+Which candidate is accepted, and which parent a proposer starts from, is `whale_ray.selection`'s call.
+Import what you use from its module (this file imports nothing, so no module here loops back to it).
 """
-
-from __future__ import annotations
-
-from typing import Any
-
-
-def proposer_options(harness_phase: Any) -> dict[str, Any]:
-    """The keyword arguments `make_proposer(kind, ...)` needs for a config's `harness_phase` (JSON-able,
-    so they can travel to the HarnessProposer actor)."""
-    if harness_phase.proposer == "offline":
-        return {"dedupe": harness_phase.offline_dedupe}
-    return {"config": harness_phase.model_dump(mode="json")}
-
-
-__all__ = ["proposer_options"]

@@ -36,10 +36,10 @@ from typing import Any
 from whale_ray.archive import Archive
 from whale_ray.config import HarnessPhaseConfig
 from whale_ray.harness import HarnessError, check_harness_source, normalize_code
-from whale_ray.proposer import Proposal, ProposerError
 from whale_ray.proposers.archive_tools import default_parent
+from whale_ray.proposers.base import Proposal, Proposer, ProposerError
 from whale_ray.proposers.prompts import overview, system_prompt
-from whale_ray.proposers.session import Limits, SessionLog, Usage, cost_usd, price_for, redact
+from whale_ray.proposers.session import Limits, SessionLog, Usage, cost_usd, price_for
 from whale_ray.sandbox.jail import CommandJail
 
 WORKSPACE = "/workspace"
@@ -120,7 +120,7 @@ def parse_agent_usage(stdout: str) -> tuple[Usage, float | None]:
     return u, cost
 
 
-class AgentCLIProposer:
+class AgentCLIProposer(Proposer):
     """See the module docstring."""
 
     kind = "agent-cli"
@@ -139,8 +139,6 @@ class AgentCLIProposer:
             raise ProposerError("the agent-cli proposer runs the agent in a bubblewrap jail: install bubblewrap "
                                 "(e.g. `apt-get install bubblewrap`)")
         self.price = price_for(hp.prices, self.endpoint.model)
-        self.notes: list[str] = []
-        self.last_session: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------------ the jail
     def environment(self) -> tuple[dict[str, str], list[str]]:
@@ -194,20 +192,21 @@ class AgentCLIProposer:
         return out
 
     # ------------------------------------------------------------------------------ the session
-    def propose(self, archive: Archive, n: int, iteration: int, *, skill_text: str, seed: int,
-                limits: Limits | None = None, log_path: str | Path | None = None) -> list[Proposal]:
-        limits = limits or Limits()
-        log = SessionLog(kind=self.kind, iteration=iteration, n=n, model=self.endpoint.model,
-                         limits=limits.to_dict())
-        self.notes = log.notes
+    def secrets(self) -> list[str]:
+        return self.environment()[1]
+
+    def _session(self, archive: Archive, n: int, iteration: int, *, skill_text: str, seed: int, limits: Limits,
+                 log_path: Path | None, log: SessionLog) -> list[Proposal]:
+        log.model = self.endpoint.model
         proposals: list[Proposal] = []
-        env, secrets = self.environment()
+        env, _ = self.environment()
         workspace = None
         try:
             workspace = self._workspace(log_path)
             parent = default_parent(archive)
             task = "\n\n".join([
-                system_prompt(skill_text, tools_note=CLI_TOOLS_NOTE.format(n=n, parent=parent), root=ARCHIVE),
+                system_prompt(skill_text, tools_note=CLI_TOOLS_NOTE.format(n=n, parent=parent), root=ARCHIVE,
+                              noise_margin=self.hp.noise_margin),
                 "# This session\n\n" + overview(archive, n, iteration)])
             (workspace / "TASK.md").write_text(task, encoding="utf-8")
             (workspace / "candidates").mkdir()
@@ -232,10 +231,6 @@ class AgentCLIProposer:
         finally:
             if log_path is None and workspace is not None:  # a temporary workspace; with a log_path it is kept
                 shutil.rmtree(workspace, ignore_errors=True)
-        log.usage.sessions = 1
-        log.usage.wall_s = log.elapsed()
-        log.proposals = [p.to_dict() for p in proposals]
-        self.last_session = redact(log.to_dict(), secrets)
         return proposals
 
     def _workspace(self, log_path: str | Path | None) -> Path:

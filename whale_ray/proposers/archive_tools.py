@@ -20,6 +20,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from whale_ray import selection
 from whale_ray.archive import Archive, ArchiveError, Candidate
 from whale_ray.harness import harness_diff
 
@@ -234,29 +235,26 @@ class ArchiveTools:
 
 
 def latest_version(archive: Archive) -> int | None:
-    versions = archive.weight_versions()
-    return versions[-1] if versions else None
+    return selection.latest_version(archive.candidates("evaluated"))
 
 
 def default_parent(archive: Archive) -> str:
-    """The frontier top under the newest weights, else the seed (the first candidate)."""
-    latest = latest_version(archive)
-    if latest is not None:
-        return archive.best(weight_version=latest).id
-    cands = archive.candidates()
-    if not cands:
-        raise ArchiveError(f"archive {archive.root} is empty: add the seed harness (h0) first")
-    return ([c for c in cands if c.parent is None] or cands)[0].id
+    """The id of `selection.default_parent`: the frontier top under the newest weights, else the seed."""
+    try:
+        return selection.default_parent(archive.candidates()).id
+    except selection.SelectionError as e:
+        raise ArchiveError(f"archive {archive.root}: {e}") from None
 
 
 def frontier_text(archive: Archive, k: int = 5, weight_version: int | None = None) -> str:
-    wv = latest_version(archive) if weight_version is None else weight_version
+    cands = archive.candidates("evaluated")
+    wv = selection.latest_version(cands) if weight_version is None else weight_version
     if wv is None:
         return "no candidate has been evaluated yet"
-    front = archive.frontier(wv)
+    front = selection.frontier(cands, wv)
     if not front:
         return f"no candidate was evaluated under weight version {wv}; versions: {archive.weight_versions()}"
-    lines = [f"Pareto frontier under weight version {wv} (success up; turns, prompt tokens down), best first:",
+    lines = [f"Pareto frontier under weight version {wv} ({selection.objectives_text()}), best first:",
              "| rank | id | parent | success | mean turns | mean prompt tokens | truncation | hypothesis |",
              "|---|---|---|---|---|---|---|---|"]
     for i, c in enumerate(front[:k], 1):

@@ -34,7 +34,6 @@ from urllib.parse import urlparse
 from whale_ray.archive import Archive
 from whale_ray.config import HarnessPhaseConfig
 from whale_ray.harness import HarnessError, check_harness_source, normalize_code
-from whale_ray.proposer import Proposal, ProposerError
 from whale_ray.proposers.archive_tools import (
     ArchiveTools,
     ToolInputError,
@@ -42,6 +41,7 @@ from whale_ray.proposers.archive_tools import (
     parse_arguments,
     tool_schemas,
 )
+from whale_ray.proposers.base import Proposal, Proposer, ProposerError
 from whale_ray.proposers.prompts import LLM_TOOLS_NOTE, overview, system_prompt
 from whale_ray.proposers.session import Limits, SessionLog, cost_usd, estimate_tokens, price_for
 
@@ -104,7 +104,7 @@ def _strip_fence(code: str) -> str:
     return code
 
 
-class LLMProposer:
+class LLMProposer(Proposer):
     """See the module docstring. `client` replaces the openai client (tests); `sleep` the backoff's sleep."""
 
     kind = "llm"
@@ -131,24 +131,22 @@ class LLMProposer:
         self._sleep = sleep
         self._schemas = tool_schemas()
         self._props = {t["function"]["name"]: t["function"]["parameters"] for t in self._schemas}
-        self.notes: list[str] = []
-        self.last_session: dict[str, Any] | None = None
+
+    def secrets(self) -> list[str]:
+        return self._secrets
 
     # ------------------------------------------------------------------------------ the session
-    def propose(self, archive: Archive, n: int, iteration: int, *, skill_text: str, seed: int,
-                limits: Limits | None = None, log_path: str | Path | None = None) -> list[Proposal]:
-        """Up to `n` candidates written through write_candidate; the session log is in `last_session`."""
-        limits = limits or Limits()
-        log = SessionLog(kind=self.kind, iteration=iteration, n=n, model=self.endpoint.model,
-                         base_url=self.endpoint.base_url, limits=limits.to_dict())
+    def _session(self, archive: Archive, n: int, iteration: int, *, skill_text: str, seed: int, limits: Limits,
+                 log_path: Path | None, log: SessionLog) -> list[Proposal]:
+        """Up to `n` candidates written through write_candidate."""
+        log.model, log.base_url = self.endpoint.model, self.endpoint.base_url
         log.notes.append(f"seed {seed}; price per 1M tokens: {self.price or 'none configured (cost counted as 0)'}")
-        partial = Path(log_path) if log_path else None
-        self.notes = log.notes
         proposals: list[Proposal] = []
         seen = {normalize_code(c.code): c.id for c in archive.candidates()}
         tools = ArchiveTools(archive, read_max_chars=self.opts.read_max_chars)
         sent: list[dict[str, Any]] = [
-            {"role": "system", "content": system_prompt(skill_text, tools_note=LLM_TOOLS_NOTE.format(n=n))},
+            {"role": "system", "content": system_prompt(skill_text, tools_note=LLM_TOOLS_NOTE.format(n=n),
+                                                        noise_margin=self.hp.noise_margin)},
             {"role": "user", "content": overview(archive, n, iteration)},
         ]
         log.messages = [dict(m) for m in sent]
@@ -165,7 +163,7 @@ class LLMProposer:
                 tool_calls = reply.get("tool_calls") or []
                 sent.append(reply)
                 log.messages.append(dict(reply))
-                log.write_partial(partial, self._secrets)  # what was spent so far survives a kill
+                log.write_partial(log_path, self._secrets)  # what was spent so far survives a kill
                 if not tool_calls:
                     if len(proposals) >= n:
                         raise _Stop("done")
@@ -194,10 +192,6 @@ class LLMProposer:
             log.stop_reason = str(stop)
         except Exception as e:  # the phase goes on with whatever was written
             log.stop_reason = f"error: {type(e).__name__}: {e}"
-        log.usage.sessions = 1
-        log.usage.wall_s = log.elapsed()
-        log.proposals = [p.to_dict() for p in proposals]
-        self.last_session = log.to_dict(self._secrets)
         return proposals
 
     # ------------------------------------------------------------------------------ model calls

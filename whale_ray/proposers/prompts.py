@@ -3,7 +3,10 @@ and an overview of the archive (the iteration history and the frontier)."""
 
 from __future__ import annotations
 
-from whale_ray.archive import Archive
+import textwrap
+
+from whale_ray import selection
+from whale_ray.archive import Archive, ArchiveError
 from whale_ray.proposers.archive_tools import default_parent, frontier_text, history_text, latest_version
 
 ARCHIVE_LAYOUT = """\
@@ -44,7 +47,7 @@ How to work:
 3. Form one hypothesis per candidate, grounded in what the traces show, and write the candidate as a
    complete harness file. Prefer a focused change whose effect the scores can attribute; several
    candidates may explore different hypotheses or different parents.
-4. Candidates are scored on success rate over D_harness (ties: fewer turns, then fewer prompt tokens).
+4. {rule}
    More turns, tokens and votes cost time; spend them only where the traces say they pay.
 
 Rules: a candidate must define `run(task, agent)` exactly as the domain's contract says and import only
@@ -70,8 +73,11 @@ plus its hypothesis, optionally its parent id). Only candidates accepted by writ
 exactly {n} candidate(s) this session, then stop calling tools and reply with a short summary."""
 
 
-def system_prompt(skill_text: str, *, tools_note: str, root: str = ".") -> str:
-    return SYSTEM_PROMPT.format(tools_note=tools_note, layout=ARCHIVE_LAYOUT.format(root=root),
+def system_prompt(skill_text: str, *, tools_note: str, root: str = ".", noise_margin: float = 0.0) -> str:
+    """The task text; how candidates are accepted comes from `selection.rule_text`, the rule's own code."""
+    rule = textwrap.fill(selection.rule_text(noise_margin), width=100, initial_indent="4. ",
+                         subsequent_indent="   ")[3:]
+    return SYSTEM_PROMPT.format(tools_note=tools_note, layout=ARCHIVE_LAYOUT.format(root=root), rule=rule,
                                 skill=(skill_text or "(this domain has no skill text)").strip())
 
 
@@ -80,7 +86,7 @@ def overview(archive: Archive, n: int, iteration: int) -> str:
     latest = latest_version(archive)
     try:
         parent = default_parent(archive)
-    except Exception:  # an empty archive: the proposer reports it
+    except ArchiveError:  # an empty archive: the proposer reports it
         parent = "-"
     return "\n".join([
         f"Harness iteration {iteration}. Write {n} new candidate harness(es).",
