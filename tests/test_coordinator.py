@@ -1,4 +1,5 @@
-"""Each condition of each domain end to end on a real local Ray cluster, the embedded policy and real sandboxes."""
+"""Each condition of each domain end to end on a real local Ray cluster, the embedded policy and real sandboxes;
+selection, report, ledger and D_test isolation checked against the rollout files and the budgets (run_truth.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,16 @@ import pytest
 
 from actors.coordinator import Coordinator
 from tests.conftest import small_config
+from tests.run_truth import (
+    check_ledger,
+    check_selection,
+    check_test_isolation,
+    guessing_math_harness,
+    mean_reward,
+    rollout_names,
+)
 from whale_ray.archive import Archive
-from whale_ray.domain import builtin_domain_names
+from whale_ray.domain import builtin_domain_names, get_domain
 from whale_ray.run_state import RunState
 
 EXPECTED_PHASES = {
@@ -30,7 +39,12 @@ def rollout_rows(run_dir, prefix):
 @pytest.mark.parametrize("domain", builtin_domain_names())
 @pytest.mark.parametrize("condition", list(EXPECTED_PHASES))
 def test_condition_runs_its_phases(domain, condition, tmp_path, ray_cluster, embedded_policy):
-    cfg = small_config(tmp_path / condition, condition=condition, domain=domain)
+    overrides = {}
+    if domain == "math_reasoning":  # rewards that vary, so that selection and training have choices to get wrong
+        seed_harness = tmp_path / "guess.py"
+        seed_harness.write_text(guessing_math_harness(get_domain(domain).h0_path.read_text()))
+        overrides = {"harness": str(seed_harness), "data__n_val": 8, "data__n_test": 8, "eval__val_samples": 2}
+    cfg = small_config(tmp_path / condition, condition=condition, domain=domain, **overrides)
     history = Coordinator(cfg, embedded_policy(domain)).run()
     state = RunState.load(cfg.run_dir)
     assert state.finished
@@ -62,6 +76,12 @@ def test_condition_runs_its_phases(domain, condition, tmp_path, ray_cluster, emb
         assert 0.0 <= row.test_metrics["truncation_rate"] <= 1.0
     if domain == "search_qa":  # retrieval accuracy comes from the trusted record of the retriever's outputs
         assert all(0.0 <= row.test_metrics["retrieval_hit"] <= 1.0 for row in history)
-    assert state.best is not None
     report = json.loads((cfg.run_dir / "state.json").read_text())
-    assert report["ledger"]["eval_rollouts"] > 0
+    check_selection(cfg.run_dir, report)
+    check_ledger(cfg, cfg.run_dir, report)
+    check_test_isolation(cfg, cfg.run_dir)
+    if domain == "math_reasoning" and condition == "whale":  # the checks above had choices to get wrong
+        assert report["weight_version"] > 0
+        vals = {mean_reward(cfg.run_dir / "rollouts" / f"{n}.parquet") for n in rollout_names(cfg.run_dir, "val")}
+        assert len(vals) > 1, vals
+
