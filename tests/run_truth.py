@@ -254,6 +254,7 @@ def check_test_isolation(cfg: WhaleConfig, run_dir: Path) -> None:
         table = pq.read_table(path, columns=["task_id", "trace"])
         for task_id, trace in zip(table.column("task_id").to_pylist(), table.column("trace").to_pylist()):
             seen = json.loads(trace)["task"]
+            assert task_id in by_split[split], f"{path.name}: task {task_id} is not one of D_{split}"
             assert seen == by_split[split][task_id].public(), (path.name, task_id)  # this split's task, public part
             assert "answer" not in seen
             if split != "test":
