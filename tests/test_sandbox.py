@@ -870,3 +870,23 @@ def test_mountinfo_shows_no_host_paths(bwrap):
         assert " / /sandbox " in r.answer and "nr_inodes=" in r.answer
         leaks.append("/root")
     assert [leak for leak in leaks if leak in r.answer] == []
+
+
+def test_a_host_failure_is_that_episodes_sandbox_error_and_the_chunk_goes_on(bwrap):
+    """EpisodeRunner's defence in depth: whatever raises on the trusted side for one episode (here the policy
+    callback, for one task only) becomes that episode's sandbox_error with the traceback; the others score."""
+    from actors.sandbox_evaluator import EpisodeJob, EpisodeRunner
+    from whale_ray.records import Task
+
+    def generate(messages, sampling):
+        if "boom" in messages[-1]["content"]:
+            raise ZeroDivisionError("the host broke on this one")
+        return Recorder()(messages, sampling)
+
+    runner = EpisodeRunner("math_reasoning", generate, SandboxLimits(wall_s=10), slots=3)
+    harness = "def run(task, agent):\n    return agent.generate([{'role': 'user', 'content': task['question']}])\n"
+    jobs = [EpisodeJob(Task(id=f"t{i}", question=q, answer="1"), seed=i) for i, q in enumerate(["a", "boom", "c"])]
+    results = runner.run_episodes(harness, "harness.py", jobs)
+    assert [r.status for r in results] == ["ok", "sandbox_error", "ok"]
+    assert "ZeroDivisionError: the host broke on this one" in results[1].reason and "Traceback" in results[1].reason
+    assert "'t1'" in results[1].reason and results[1].answer is None
