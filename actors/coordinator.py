@@ -18,6 +18,7 @@ from whale_ray.config import WhaleConfig
 from whale_ray.domain import get_domain
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
 from whale_ray.proposers.registry import proposer_options
+from whale_ray.resources import check_cluster, trainer_bundle
 from whale_ray.run_state import CycleRow
 
 
@@ -38,6 +39,7 @@ class _Remote:
 class Coordinator:
     def __init__(self, cfg: WhaleConfig, base_model: str):
         self.cfg = cfg
+        check_cluster(cfg)  # a role no node can hold is an error now, not an actor pending for ever
         run = RunDirectory(cfg.run_dir)
         domain = get_domain(cfg.domain)
         splits = domain.load_splits(cfg.data, cfg.seed)
@@ -45,19 +47,21 @@ class Coordinator:
         p = cfg.policy
         # The PolicyServer starts at the latest weights on record, the Trainer from the same checkpoint.
         model = str(run.root / state.checkpoint) if state.checkpoint else base_model
-        self.policy = PolicyServer.options(num_cpus=1, scheduling_strategy=CLUSTER).remote(
+        res = cfg.resources
+        self.policy = PolicyServer.options(**res.policy_server.options(), scheduling_strategy=CLUSTER).remote(
             model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
             version=state.weight_version, device=p.device, dtype=p.dtype, seed=cfg.seed)
         self.services = domain.start_services(cfg, splits)
-        self.pool = EvaluatorPool(cfg.domain, self.policy, cfg.sandbox, self.services)
+        self.pool = EvaluatorPool(cfg.domain, self.policy, cfg.sandbox, self.services, resources=res.evaluator)
         self.trainer = None
         schedule_trains = WhaleLoop.schedule_has(cfg, "weight")
         if schedule_trains:
             self.trainer = Trainer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
-                base_model, cfg.weight.model_dump(), str(run.root / "trainer"), seed=cfg.seed)
+                base_model, cfg.weight.model_dump(), str(run.root / "trainer"), seed=cfg.seed,
+                resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu))
             if state.checkpoint:
                 ray.get(self.trainer.load_checkpoint.remote(str(run.root / state.checkpoint)))
-        self.proposer = HarnessProposer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
+        self.proposer = HarnessProposer.options(**res.proposer.options(), scheduling_strategy=CLUSTER).remote(
             cfg.harness_phase.proposer, domain.skill_text, cfg.seed, **proposer_options(cfg.harness_phase))
         roles = Roles(policy=_Remote(self.policy), pool=self.pool, proposer=_Remote(self.proposer),
                       trainer=_Remote(self.trainer, by_ref=("latest_weights",)) if self.trainer else None)

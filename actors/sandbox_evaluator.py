@@ -17,6 +17,7 @@ import ray
 from whale_ray.config import SandboxConfig
 from whale_ray.domain import get_domain
 from whale_ray.records import EpisodeJob, EpisodeResult, ModelCall, SamplingParams
+from whale_ray.resources import ResourcesConfig, RoleResources
 from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
 from whale_ray.sandbox.runner import MAX_ERROR_REASON
 
@@ -85,9 +86,11 @@ class EvaluatorPool:
     """Spreads episodes over SandboxEvaluator actors in chunks of one evaluator's slot count."""
 
     def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: SandboxConfig,
-                 services: dict[str, Any] | None = None):
-        """`services` are the domain's shared trusted services (Domain.start_services), given to every evaluator."""
+                 services: dict[str, Any] | None = None, resources: RoleResources | None = None):
+        """`services` are the domain's shared trusted services (Domain.start_services), given to every evaluator;
+        `resources` each evaluator's (config resources.evaluator)."""
         self._domain, self._policy, self._cfg, self._services = domain, policy, sandbox, dict(services or {})
+        self._resources = (resources or ResourcesConfig().evaluator).options()
         self._actors: list[ray.actor.ActorHandle] = []
         self.resize(sandbox.evaluators)
 
@@ -96,7 +99,7 @@ class EvaluatorPool:
             raise ValueError(f"an evaluator pool needs at least one evaluator, got {n}")
         while len(self._actors) < n:
             self._actors.append(
-                SandboxEvaluator.options(num_cpus=0.25, scheduling_strategy=CLUSTER).remote(
+                SandboxEvaluator.options(**self._resources, scheduling_strategy=CLUSTER).remote(
                     self._domain, self._policy, self._cfg.model_dump(), self._services)
             )
         for actor in self._actors[n:]:

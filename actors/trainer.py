@@ -35,11 +35,12 @@ import ray
 import torch
 
 from whale_ray.config import WeightPhaseConfig
+from whale_ray.resources import ResourcesConfig
 from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CPUS_PER_WORKER = 0.5  # fits a 2-core local cluster next to the PolicyServer and evaluators
+DEFAULT_CPUS_PER_WORKER = ResourcesConfig().trainer_worker.num_cpus  # resources.trainer_worker's default
 START_TIMEOUT_S = 600.0  # waiting for the workers to be placed and to load the model
 POLL_S = 1.0
 

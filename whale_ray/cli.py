@@ -6,6 +6,7 @@
     whale sweep tune_configs/schedule_ablation.yaml
     whale doctor                    which sandbox layers this machine supports
     whale build-policy --domain search_qa --device cuda    fill the embedded-policy cache ahead of a run
+    whale status runs/x             where a run stands, from its run directory alone
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, get_args
@@ -21,6 +23,7 @@ from rich.console import Console
 
 from whale_ray.config import CONDITIONS, ConfigError, WhaleConfig, load_config
 from whale_ray.domain import domain_names
+from whale_ray.resources import ResourceError, cache_dir, resolve_run_dir
 
 console = Console()
 if not console.is_terminal:
@@ -109,6 +112,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--proposer-max-wall", type=float, help="cap on proposer wall time in seconds per run")
     run.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
     sub.add_parser("doctor", help="which sandbox isolation layers are active on this machine, and why not")
+    status = sub.add_parser("status", help="where a run stands (cycle, phase, rollouts, best, last events), "
+                                           "read from its run directory")
+    status.add_argument("run_dir", type=Path, help="the run directory")
     build = sub.add_parser("build-policy", help="build (or find) the embedded tiny policy of a domain in the cache")
     build.add_argument("--domain", default=default("domain"), help=helps("the domain", "domain"))
     build.add_argument("--device", default="cpu", help="where to run the warm-start (cpu, cuda; default cpu)")
@@ -124,7 +130,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def resolve_config(args: argparse.Namespace) -> WhaleConfig:
     overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
     cfg = load_config(args.config, overrides)
-    cfg.run_dir = Path(cfg.run_dir).resolve()  # actors may run elsewhere; config.yaml records where
+    # actors may run elsewhere; config.yaml records where (under `storage:` when run_dir is relative)
+    cfg.run_dir = resolve_run_dir(cfg.run_dir, cfg.storage)
     return cfg
 
 
@@ -179,11 +186,15 @@ def base_model(cfg: WhaleConfig) -> str:
     from whale_ray.domain import get_domain
     from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
 
-    cache = default_cache_dir()
+    # $WHALE_CACHE wins; else <storage>/cache, where every node of a cluster finds the build
+    cache = default_cache_dir() if os.environ.get("WHALE_CACHE") else (cache_dir(cfg.storage) or default_cache_dir())
     console.print(f"embedded tiny policy: cached under {cache} (built on first use)")
     # One base policy for every run seed: runs differ in what WHALE does, not in where they start.
     path = build_embedded_policy(get_domain(cfg.domain), cache_dir=cache, warmstart_steps=cfg.policy.warmstart_steps)
     return str(path)
+
+
+CONNECT_TIMEOUT_S = 45.0  # ray.init against an address where nothing answers would retry for minutes
 
 
 def start_ray(address: str | None) -> None:
@@ -191,8 +202,17 @@ def start_ray(address: str | None) -> None:
 
     import ray
 
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address or os.environ["RAY_ADDRESS"], logging_level=logging.WARNING)
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        check_reachable(address)
+        # Backstop for an address that accepts connections but is no Ray head: one line, not a hang.
+        watchdog = threading.Timer(CONNECT_TIMEOUT_S, _give_up, args=(address,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        finally:
+            watchdog.cancel()
     else:
         # A new local cluster turns on Ray's token authentication by default and warns about it on every
         # run; saying so explicitly keeps it on without the warning (a user's own RAY_AUTH_MODE wins).
@@ -200,6 +220,30 @@ def start_ray(address: str | None) -> None:
         # Logical CPUs above the core count: generation, training and sandboxes take turns, not all at once.
         ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False)
+
+
+def check_reachable(address: str) -> None:
+    """A Ray address where nothing listens is an InputError within seconds (ray.init would retry for minutes)."""
+    import socket
+
+    from ray._private.services import canonicalize_bootstrap_address  # "auto" -> the head `ray start` recorded
+
+    target = address.removeprefix("ray://")
+    try:
+        hostport = target if address.startswith("ray://") else canonicalize_bootstrap_address(target)
+    except (ConnectionError, ValueError) as e:
+        raise InputError(f"--ray-address {address}: {str(e).splitlines()[0]}") from None
+    host, _, port = (hostport or "").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except (OSError, ValueError) as e:
+        raise InputError(f"--ray-address {address}: no Ray cluster answers at {hostport} ({e})") from None
+
+
+def _give_up(address: str) -> None:
+    console.print(f"[red]whale: error:[/red] --ray-address {address}: the Ray cluster did not answer within "
+                  f"{CONNECT_TIMEOUT_S:.0f} s", highlight=False, soft_wrap=True)
+    os._exit(2)  # ray.init cannot be interrupted from another thread
 
 
 def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
@@ -235,11 +279,18 @@ def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     check_inputs(cfg)
-    model = base_model(cfg)
     started = time.perf_counter()
-    start_ray(args.ray_address)
+    start_ray(args.ray_address)  # before the policy build (minutes): a wrong address or cluster fails at once
     import ray
 
+    from whale_ray.resources import check_cluster
+
+    try:
+        check_cluster(cfg)  # before any actor: a role no node can hold would wait for ever
+        model = base_model(cfg)
+    except BaseException:
+        ray.shutdown()
+        raise
     from actors.coordinator import CoordinatorActor
     from whale_ray.report import cycle_table, ledger_lines, mean_at, metrics_table, write_report
     from whale_ray.run_state import CycleRow, RunState
@@ -311,6 +362,17 @@ def cmd_doctor() -> int:
     return 0 if all(active for _, active, _ in rows) else 1
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from whale_ray.status import StatusError, format_status, read_status
+
+    try:
+        status = read_status(args.run_dir)
+    except StatusError as e:
+        raise InputError(str(e)) from None
+    console.print(format_status(status), highlight=False, markup=False)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -322,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_doctor()
         if args.command == "build-policy":
             return cmd_build_policy(args)
-    except (ConfigError, InputError) as e:
+        if args.command == "status":
+            return cmd_status(args)
+    except (ConfigError, InputError, ResourceError) as e:
         console.print(f"[red]whale: error:[/red] {e}", highlight=False, soft_wrap=True)  # one line, however long
         return 2
     except KeyboardInterrupt:

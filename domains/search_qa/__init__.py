@@ -61,7 +61,8 @@ class SearchQADomain(Domain):
         self.check_inputs(cfg)
         r = self.settings(cfg).retrieval
         use_generated = r.kind != "http" and r.corpus_path is None
-        return {"retriever": start_retriever(r, generator.corpus(cfg.seed) if use_generated else None)}
+        return {"retriever": start_retriever(r, generator.corpus(cfg.seed) if use_generated else None,
+                                             resources=cfg.resources.retriever.options())}
 
     def host_tools(self, services: dict[str, Any]) -> dict[str, Callable[..., str]]:
         """{"search": search(query, topk=1) -> str}; services["retriever"] is a Retriever actor handle or

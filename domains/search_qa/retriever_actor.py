@@ -44,10 +44,12 @@ class Retriever:
         return {"backend": type(backend).__name__, "passages": len(passages) if passages is not None else None}
 
 
-def start_retriever(retrieval: RetrievalConfig, passages: list[Passage] | None = None) -> "ray.actor.ActorHandle":
-    """A started Retriever. Waits until its index is built, so a bad corpus or model fails here, with the
-    original exception (a whale_ray.domain.DataError, say)."""
-    handle = Retriever.options(num_cpus=0, scheduling_strategy=CLUSTER, max_concurrency=MAX_CONCURRENCY).remote(
+def start_retriever(retrieval: RetrievalConfig, passages: list[Passage] | None = None,
+                    resources: dict[str, Any] | None = None) -> "ray.actor.ActorHandle":
+    """A started Retriever (placed by `resources`, config resources.retriever). Waits until its index is built,
+    so a bad corpus or model fails here, with the original exception (a whale_ray.domain.DataError, say)."""
+    handle = Retriever.options(**(resources or {"num_cpus": 0}), scheduling_strategy=CLUSTER,
+                               max_concurrency=MAX_CONCURRENCY).remote(
         retrieval, passages)
     try:
         ray.get(handle.describe.remote())
