@@ -186,6 +186,10 @@ class EpisodeCgroup:
                 pass
         return pids
 
+    def procs_files(self) -> list[str]:
+        """The cgroup.procs files a process writes its own pid to, to enter this cgroup."""
+        return [f"{d}/cgroup.procs" for d in self.dirs.values()]
+
     def add(self, pid: int) -> None:
         for d in self.dirs.values():
             _write(f"{d}/cgroup.procs", str(pid))

@@ -391,6 +391,24 @@ def _raised_by_call(e: BaseException) -> bool:
     return tb is not None and tb.tb_frame.f_code is _invoke.__code__
 
 
+_SETPRIV = shutil.which("setpriv")
+# Run as root: write our own pid to each cgroup.procs given before "--", then exec the rest (setpriv, bwrap).
+_ENTER = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
+
+
+def _enter_cgroup_first(launch: isolation.Launch, cg: EpisodeCgroup) -> bool:
+    """Where the launch drops to a slot uid and util-linux setpriv is there: start it as root through a shell
+    that enters the episode's cgroup and then becomes setpriv -> bwrap (one pid throughout). bwrap then
+    starts inside the cgroup: its cgroup namespace has the episode's cgroup as its root (the sandbox's
+    /proc/self/cgroup shows "/", no host path), and no /proc scan is needed. False: use add_tree."""
+    if _SETPRIV is None or launch.user is None:
+        return False
+    launch.argv = ["/bin/sh", "-c", _ENTER, "sh", *cg.procs_files(), "--", _SETPRIV, f"--reuid={launch.user}",
+                   f"--regid={launch.group}", "--clear-groups", "--", *launch.argv]
+    launch.user = launch.group = launch.extra_groups = None
+    return True
+
+
 class _Done(Exception):
     """Ends the serve loop."""
 
@@ -607,6 +625,7 @@ class _Episode:
             extra = {"binds": mounts.binds} if mounts.binds is not None else {}
             launch = launcher.command(episode_dir=episode_dir, child_argv=child_argv, env=env, pass_fds=(child_fd,),
                                       info_fd=info_w, uid=self.uid, **extra)
+            entered = self.cgroup is not None and _enter_cgroup_first(launch, self.cgroup)
             self.deadline = time.monotonic() + lim.wall_s
             try:
                 self.proc = subprocess.Popen(
@@ -626,7 +645,7 @@ class _Episode:
                 self.proc_pidfd = os.pidfd_open(self.proc.pid)
             except (AttributeError, OSError):
                 self.proc_pidfd = None
-            if self.cgroup is not None:
+            if self.cgroup is not None and not entered:
                 # Before `init` is sent: until it arrives the child runs no untrusted code.
                 try:
                     self.cgroup.add_tree(self.proc.pid)
