@@ -862,10 +862,11 @@ def test_doctor_reports_every_layer():
 
 
 def test_mountinfo_shows_no_host_paths(bwrap):
-    r = run("def run(task, agent):\n    return open('/proc/self/mountinfo').read() + open('/proc/self/mounts').read()\n")
+    r = run("def run(task, agent):\n    return ''.join(open(f).read() for f in ('/proc/self/mountinfo', "
+            "'/proc/self/mounts', '/proc/self/cgroup'))\n")
     assert r.status == "ok"
     prefix = os.path.realpath(sys.base_prefix)
-    leaks = ["whale-sbx-", "/work"] + ([prefix] if not prefix.startswith("/usr") else [])
+    leaks = ["whale-sbx-", "/work", "whale-ray/ep-"] + ([prefix] if not prefix.startswith("/usr") else [])
     if isolation.running_as_root():  # host-side tmpfs: the episode's files are the root of their own mount
         assert " / /sandbox " in r.answer and "nr_inodes=" in r.answer
         leaks.append("/root")
