@@ -39,7 +39,8 @@ class _Remote:
 class Coordinator:
     def __init__(self, cfg: WhaleConfig, base_model: str):
         self.cfg = cfg
-        check_cluster(cfg)  # a role no node can hold is an error now, not an actor pending for ever
+        schedule_trains = WhaleLoop.schedule_has(cfg, "weight")
+        check_cluster(cfg, schedule_trains)  # a role no node can hold is an error now, not an actor pending for ever
         run = RunDirectory(cfg.run_dir)
         domain = get_domain(cfg.domain)
         splits = domain.load_splits(cfg.data, cfg.seed)
@@ -54,7 +55,6 @@ class Coordinator:
         self.services = domain.start_services(cfg, splits)
         self.pool = EvaluatorPool(cfg.domain, self.policy, cfg.sandbox, self.services, resources=res.evaluator)
         self.trainer = None
-        schedule_trains = WhaleLoop.schedule_has(cfg, "weight")
         if schedule_trains:
             self.trainer = Trainer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
                 base_model, cfg.weight.model_dump(), str(run.root / "trainer"), seed=cfg.seed,

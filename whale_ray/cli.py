@@ -284,9 +284,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     import ray
 
     from whale_ray.resources import check_cluster
+    from whale_ray.schedules import plan
 
     try:
-        check_cluster(cfg)  # before any actor: a role no node can hold would wait for ever
+        check_cluster(cfg, any(p.kind == "weight" for phases in plan(cfg) for p in phases))  # before any actor: a role no node can hold would wait for ever
         model = base_model(cfg)
     except BaseException:
         ray.shutdown()

@@ -63,16 +63,15 @@ class ResourcesConfig(BaseModel):
     check_feasible: bool = True
 
 
-def role_demands(cfg: Any) -> dict[str, tuple[int, dict[str, float]]]:
-    """role -> (how many actors, one actor's bundle), for the roles this run starts."""
+def role_demands(cfg: Any, trains: bool) -> dict[str, tuple[int, dict[str, float]]]:
+    """role -> (how many actors, one actor's bundle), for the roles this run starts (`trains`: the schedule
+    has a weight phase, so Trainer workers)."""
     from whale_ray.domain import get_domain  # the retriever is a service of the search_qa domain
 
     r: ResourcesConfig = cfg.resources
     out = {"policy_server": (1, r.policy_server.bundle()), "evaluator": (cfg.sandbox.evaluators, r.evaluator.bundle()),
            "proposer": (1, r.proposer.bundle())}
-    from whale_ray.schedules import plan
-
-    if any(p.kind == "weight" for phases in plan(cfg) for p in phases):
+    if trains:
         out["trainer_worker"] = (cfg.weight.num_workers, trainer_bundle(r, cfg.weight.use_gpu))
     if get_domain(cfg.domain).name == "search_qa":
         out["retriever"] = (1, r.retriever.bundle())
@@ -112,14 +111,14 @@ def infeasible(demands: dict[str, tuple[int, dict[str, float]]], nodes: list[dic
     return None
 
 
-def check_cluster(cfg: Any) -> None:
+def check_cluster(cfg: Any, trains: bool) -> None:
     """Raises ResourceError if the connected Ray cluster can never place this run's actors."""
     import ray
 
     if not cfg.resources.check_feasible:
         return
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if why := infeasible(role_demands(cfg), nodes):
+    if why := infeasible(role_demands(cfg, trains), nodes):
         raise ResourceError(why + " (change the resources: section, or set resources.check_feasible: false for "
                             "an autoscaling cluster)")
 
