@@ -2,15 +2,20 @@
 
 A Qwen3-1.7B-shaped model with random bf16 weights (built once under --dir, with the tokenizer of --tokenizer)
 decodes batches of 8 / 64 / 256 requests (prompt --prompt tokens, --new tokens, temperature 1, top-k 20, each
-request seeded) through:
-  vllm      vLLM 0.26 in-process (`vllm.LLM.generate`, CUDA graphs), the same prompts and sampling;
+request seeded, processed log-probs) through:
+  vllm      vLLM 0.26 in-process (`vllm.LLM.generate`, CUDA graphs), the same prompts and sampling; and the same
+            batches unseeded, greedy without log-probs, and with max_tokens 1 (prefill alone), to show from
+            measurements what holds it below the roofline;
   server    whale-ray's PolicyService on VLLMEngine (the PolicyServer actor's code, without Ray: Ray is not on
-            the GPU image), B concurrent asyncio clients, one request each;
-  hf        TransformersEngine (bf16, one batched generate);
+            the GPU image), B concurrent asyncio clients, one request each; and its own costs (the same batch
+            through VLLMEngine.generate from one thread, chat template + tokenisation, engine steps, a stop string);
+  hf        TransformersEngine (bf16, one batched generate) with --hf-new tokens (64: it decodes ~10 steps/s);
 and, on the server: the latency of short requests submitted while long ones run (continuous batching), and
 the weight sync of the whole model (GPU state dict -> VLLMEngine.load_weights, and from pinned CPU tensors)
 against a raw device-to-device copy of the same bytes. Each part runs in its own process (a fresh CUDA
-context); the orchestrator prints the table.
+context); the orchestrator prints the table. Every timed batch follows a warm-up at its own batch size (Triton's
+sampling kernels are compiled per batch shape on first use) and has prompts never seen before (no prefix-cache
+hits), so the columns compare like with like.
 
 tokens/s counts completion tokens over wall time, prefill included. Roofline tokens/s at batch B =
 B x HBM bandwidth (a measured device copy) / bytes read per decode step (all weights + the KV cache of B
@@ -58,20 +63,32 @@ def build_model(tokenizer: Path, out: Path) -> Path:
     return out
 
 
-def requests(tokenizer, n: int, prompt: int, new: int, first_seed: int = 0):
-    """n distinct requests whose rendered prompts are exactly `prompt` ids (the tokenizer splits digits)."""
-    from whale_ray.policy import GenerationRequest
-    from whale_ray.policy.engine import encode_prompts
-    from whale_ray.records import SamplingParams
+class Prompts:
+    """Requests whose rendered prompts are exactly `prompt` ids (the tokenizer splits digits), each prompt never
+    handed out before: no run (warm-up or timed, this variant or another) finds its prompts in the prefix cache."""
 
-    def req(i, digits):
-        return GenerationRequest([{"role": "user", "content": f"{i:05d}" + "7" * digits}],
-                                 SamplingParams(max_tokens=new, temperature=1.0, top_k=20, seed=first_seed + i))
+    def __init__(self, tokenizer, prompt: int):
+        self.tokenizer, self.prompt, self.next = tokenizer, prompt, 0
+        self.overhead = len(self._encode([self._req(0, 0, 1)])[0])
 
-    overhead = len(encode_prompts(tokenizer, [req(0, 0)])[0])
-    out = [req(i, max(prompt - overhead, 0)) for i in range(n)]
-    assert len(encode_prompts(tokenizer, out[:1])[0]) == max(prompt, overhead)
-    return out
+    def _encode(self, reqs):
+        from whale_ray.policy.engine import encode_prompts
+
+        return encode_prompts(self.tokenizer, reqs)
+
+    def _req(self, i, digits, new, **sampling):
+        from whale_ray.policy import GenerationRequest
+        from whale_ray.records import SamplingParams
+
+        sampling = {"temperature": 1.0, "top_k": 20, "seed": i, **sampling}
+        return GenerationRequest([{"role": "user", "content": f"{i:07d}" + "7" * digits}],
+                                 SamplingParams(max_tokens=new, **sampling))
+
+    def take(self, n: int, new: int, **sampling):
+        first, self.next = self.next, self.next + n
+        out = [self._req(i, max(self.prompt - self.overhead, 0), new, **sampling) for i in range(first, first + n)]
+        assert len(self._encode(out[:1])[0]) == max(self.prompt, self.overhead)
+        return out
 
 
 def hbm_bandwidth() -> float:
@@ -87,78 +104,114 @@ def hbm_bandwidth() -> float:
     return 2 * x.numel() * 10 / (time.perf_counter() - t0)  # read + write
 
 
+def engine_facts(cfg) -> dict:
+    sizes = cfg.compilation_config.cudagraph_capture_sizes or []
+    return {"max_num_batched_tokens": cfg.scheduler_config.max_num_batched_tokens,
+            "async_scheduling": cfg.scheduler_config.async_scheduling,
+            "cudagraph_sizes": f"{len(sizes)} sizes, {min(sizes, default=0)}..{max(sizes, default=0)}",
+            "prefix_caching": cfg.cache_config.enable_prefix_caching}
+
+
 def part_vllm(a) -> dict:
+    """vLLM's own LLM.generate. Besides the headline (T 1, top-k 20, seeded, log-probs), the same batch without
+    seeds (no per-request generators), greedy without log-probs (no sampling work) and with max_tokens 1 (the
+    prefill alone): what each costs, measured rather than guessed."""
     import vllm
     from vllm.inputs.engine import tokens_input
 
-    from whale_ray.policy.engine import encode_prompts
     from whale_ray.policy.tiny import load_tokenizer
 
-    tok = load_tokenizer(a.model)
+    prompts = Prompts(load_tokenizer(a.model), a.prompt)
     llm = vllm.LLM(model=str(a.model), dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=256, seed=0,
                    logprobs_mode="processed_logprobs", gpu_memory_utilization=0.6, max_model_len=4096,
                    compilation_config={"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"})
-    res = {}
-    for b in BATCHES:
-        reqs = requests(tok, b, a.prompt, a.new)
-        prompts = [tokens_input(ids) for ids in encode_prompts(tok, reqs)]
-        params = [vllm.SamplingParams(temperature=1.0, top_k=20, max_tokens=a.new, seed=i, logprobs=0,
-                                      stop_token_ids=[2, 0], detokenize=False) for i in range(b)]
-        llm.generate(prompts[: min(b, 8)], params[: min(b, 8)], use_tqdm=False)  # warm-up
+
+    def run(b, new, seeded=True, greedy=False) -> tuple[int, float]:
+        reqs = prompts.take(b, new)
+        ids = [tokens_input(x) for x in prompts._encode(reqs)]
+        params = [vllm.SamplingParams(temperature=0.0 if greedy else 1.0, top_k=-1 if greedy else 20, max_tokens=new,
+                                      seed=r.sampling.seed if seeded else None, logprobs=None if greedy else 0,
+                                      stop_token_ids=[2, 0], detokenize=False) for r in reqs]
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        dt = time.perf_counter() - t0
-        res[b] = sum(len(o.outputs[0].token_ids) for o in outs) / dt
+        outs = llm.generate(ids, params, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs), time.perf_counter() - t0
+
+    res = {"facts": engine_facts(llm.llm_engine.vllm_config)}
+    for b in BATCHES:
+        run(b, 16)  # warm-up at this batch size: Triton's sampling kernels specialise on it (compiled here, untimed)
+        n, t = run(b, a.new)
+        res[b] = n / t
+        res[f"{b}_s"] = t
+        res[f"{b}_unseeded"] = (lambda n, t: n / t)(*run(b, a.new, seeded=False))
+        res[f"{b}_greedy"] = (lambda n, t: n / t)(*run(b, a.new, greedy=True))
+        res[f"{b}_prefill_s"] = run(b, 1)[1]
     return res
 
 
 def part_server(a) -> dict:
+    """PolicyService on VLLMEngine (the actor's code without Ray), B concurrent asyncio clients; the same batch
+    through VLLMEngine.generate from one thread (no asyncio); the chat template + tokenisation of the batch
+    alone; the engine's step count; and a batch whose requests carry a stop string that never matches."""
     from whale_ray.policy.serving import PolicyService
     from whale_ray.policy.tiny import load_tokenizer
+    from whale_ray.records import SamplingParams
 
-    tok = load_tokenizer(a.model)
+    prompts = Prompts(load_tokenizer(a.model), a.prompt)
     svc = PolicyService(str(a.model), engine="vllm", max_batch=256, dtype="bfloat16", gpu_memory_utilization=0.6)
+    eng = svc.engine
 
-    async def run(reqs):
+    async def clients(reqs):
         return await asyncio.gather(*(svc.generate(r.messages, r.sampling) for r in reqs))
 
-    res = {}
-    for b in BATCHES:
-        reqs = requests(tok, b, a.prompt, a.new)
-        asyncio.run(run(reqs[: min(b, 8)]))
+    def timed(fn, reqs) -> tuple[float, float, int]:
+        steps = eng.steps
         t0 = time.perf_counter()
-        calls = asyncio.run(run(reqs))
+        outs = fn(reqs)
         dt = time.perf_counter() - t0
-        res[b] = sum(len(c.completion_ids) for c in calls) / dt
+        return sum(len(o.completion_ids) for o in outs) / dt, dt, eng.steps - steps
+
+    res = {"facts": engine_facts(eng.vllm_config)}
+    for b in BATCHES:
+        asyncio.run(clients(prompts.take(b, 16)))  # warm-up at this batch size (see part_vllm)
+        res[b], res[f"{b}_s"], res[f"{b}_steps"] = timed(lambda r: asyncio.run(clients(r)), prompts.take(b, a.new))
+        res[f"{b}_direct"] = timed(eng.generate, prompts.take(b, a.new))[0]
+        reqs = prompts.take(b, a.new)
+        t0 = time.perf_counter()
+        for r in reqs:  # what each client's submit does first, one request at a time
+            prompts._encode([r])
+        res[f"{b}_encode_s"] = time.perf_counter() - t0
+    b = BATCHES[-1]
+    reqs = prompts.take(b, a.new, stop=("@@never@@",))
+    res[f"{b}_stop"] = timed(lambda r: asyncio.run(clients(r)), reqs)[0]
 
     async def mixed():  # 64 long completions running; 8 short requests join mid-way
-        from whale_ray.records import SamplingParams
-
-        long = [asyncio.ensure_future(svc.generate(r.messages, SamplingParams(max_tokens=1024, temperature=1.0, seed=i)))
-                for i, r in enumerate(requests(tok, 64, a.prompt, 1024))]
+        long = [asyncio.ensure_future(svc.generate(r.messages, r.sampling)) for r in prompts.take(64, 1024)]
         t0 = time.perf_counter()
         await asyncio.sleep(1.0)
         t1 = time.perf_counter()
-        short = await asyncio.gather(*(svc.generate(r.messages, SamplingParams(max_tokens=16, temperature=1.0, seed=i))
-                                       for i, r in enumerate(requests(tok, 8, a.prompt, 16, 500))))
+        short = await asyncio.gather(*(svc.generate(r.messages, r.sampling) for r in prompts.take(8, 16)))
         t_short = time.perf_counter() - t1
         running = sum(not f.done() for f in long)
         done = await asyncio.gather(*long)
         return {"short_s": t_short, "long_s": time.perf_counter() - t0, "long_running_when_short_done": running,
-                "long_tokens": sum(len(c.completion_ids) for c in done) / 64, "short_tokens": sum(len(c.completion_ids) for c in short) / 8}
+                "long_tokens": sum(len(c.completion_ids) for c in done) / 64,
+                "short_tokens": sum(len(c.completion_ids) for c in short) / 8}
 
     res["mixed"] = asyncio.run(mixed())
     return res
 
 
 def part_hf(a) -> dict:
+    """TransformersEngine, with --hf-new tokens (fewer than the others: at ~10 decode steps/s it would not fit the
+    device call otherwise); its roofline column uses its own context length."""
     from whale_ray.policy import TransformersEngine
 
     eng = TransformersEngine(a.model, device="cuda", dtype="bfloat16", max_batch=256)
+    prompts = Prompts(eng.tokenizer, a.prompt)
     res = {}
     for b in BATCHES:
-        reqs = requests(eng.tokenizer, b, a.prompt, a.new)
-        eng.generate(reqs[:2])
+        eng.generate(prompts.take(b, 2))
+        reqs = prompts.take(b, a.hf_new)
         t0 = time.perf_counter()
         outs = eng.generate(reqs)
         res[b] = sum(len(o.completion_ids) for o in outs) / (time.perf_counter() - t0)
@@ -198,17 +251,21 @@ def part_sync(a) -> dict:
     return res
 
 
+PART_TIMEOUT = {"vllm": 170, "server": 170, "hf": 110, "sync": 100}  # seconds; all four fit one 10-minute device call
+
+
 def orchestrate(a) -> None:
     model = build_model(a.tokenizer, a.dir)
     bw = hbm_bandwidth()
     results = {}
     for part in a.parts.split(","):
-        cmd = [sys.executable, __file__, "--part", part, "--model", str(model), "--prompt", str(a.prompt), "--new", str(a.new)]
+        cmd = [sys.executable, __file__, "--part", part, "--model", str(model), "--prompt", str(a.prompt),
+               "--new", str(a.new), "--hf-new", str(a.hf_new)]
         t0 = time.perf_counter()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.part_timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=PART_TIMEOUT[part])
         except subprocess.TimeoutExpired as e:
-            print(f"part {part} ran past {a.part_timeout} s:\n{(e.stdout or b'')[-2000:]!r}\n{(e.stderr or b'')[-3000:]!r}")
+            print(f"part {part} ran past {PART_TIMEOUT[part]} s:\n{(e.stdout or b'')[-2000:]!r}\n{(e.stderr or b'')[-3000:]!r}")
             continue
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         if p.returncode or not line:
@@ -221,32 +278,68 @@ def orchestrate(a) -> None:
         c["hidden_size"] * c["head_dim"] * (c["num_attention_heads"] * 2 + c["num_key_value_heads"] * 2)
         + 3 * c["hidden_size"] * c["intermediate_size"]))
     kv_token = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * 2
-    ctx = a.prompt + a.new / 2
+
+    def roof(b: int, new: int) -> float:  # tokens/s at batch b, mean context prompt + new / 2
+        return b * bw / (weights + b * (a.prompt + new / 2) * kv_token)
+
+    def row(name: str, r: dict, key: str = "", new: int = a.new) -> None:
+        if all(f"{b}{key}" in r for b in BATCHES):
+            print(f"{name:<44}" + "".join(f"{r[f'{b}{key}']:>9,.0f} ({r[f'{b}{key}'] / roof(b, new):5.1%}) "
+                                          for b in BATCHES))
+
+    def ratio(name: str, x: dict, kx: str, y: dict, ky: str, fmt: str = ".2f") -> None:
+        print(f"{name:<44}" + "".join(f"{x[f'{b}{kx}'] / y[f'{b}{ky}']:>21{fmt}}x" for b in BATCHES))
+
     print(f"\nHBM copy bandwidth {bw / 1e12:.2f} TB/s; weights {weights / 1e9:.2f} GB; KV {kv_token} B/token; "
-          f"prompt {a.prompt}, {a.new} new tokens, T 1.0, top-k 20, seeded")
-    print(f"{'engine':<34}" + "".join(f"{'batch ' + str(b):>22}" for b in BATCHES))
-    roof = {b: b * bw / (weights + b * ctx * kv_token) for b in BATCHES}
-    print(f"{'roofline':<34}" + "".join(f"{roof[b]:>15,.0f} tok/s " for b in BATCHES))
-    names = {"vllm": "vLLM 0.26 in-process", "server": "PolicyService on VLLMEngine", "hf": "TransformersEngine"}
-    for part, name in names.items():
-        if part in results:
-            r = results[part]
-            print(f"{name:<34}" + "".join(f"{r[str(b)]:>9,.0f} ({r[str(b)] / roof[b]:5.1%}) " for b in BATCHES))
-    if "server" in results and "vllm" in results:
-        print(f"{'server / vLLM in-process':<34}" + "".join(
-            f"{results['server'][str(b)] / results['vllm'][str(b)]:>21.2f}x" for b in BATCHES))
-    if "hf" in results and "vllm" in results:
-        print(f"{'vLLM / TransformersEngine':<34}" + "".join(
-            f"{results['vllm'][str(b)] / results['hf'][str(b)]:>21.1f}x" for b in BATCHES))
-    if "server" in results:
-        m = results["server"]["mixed"]
-        print(f"continuous batching: 8 short requests ({m['short_tokens']:.0f} tokens) done in {m['short_s']:.2f} s "
+          f"prompt {a.prompt}, {a.new} new tokens, T 1.0, top-k 20, seeded, processed log-probs; every timed batch "
+          f"has prompts never seen before and follows a warm-up at its own batch size")
+    print(f"{'tokens/s (share of the roofline)':<44}" + "".join(f"{'batch ' + str(b):>22}" for b in BATCHES))
+    print(f"{'roofline':<44}" + "".join(f"{roof(b, a.new):>15,.0f} tok/s " for b in BATCHES))
+    v, srv, hf = results.get("vllm"), results.get("server"), results.get("hf")
+    if v:
+        row("vLLM 0.26 in-process (LLM.generate)", v)
+    if srv:
+        row("PolicyService on VLLMEngine (asyncio clients)", srv)
+    if hf:
+        print(f"{'roofline at ' + str(a.hf_new) + ' new tokens':<44}"
+              + "".join(f"{roof(b, a.hf_new):>15,.0f} tok/s " for b in BATCHES))
+        row(f"TransformersEngine ({a.hf_new} new tokens)", hf, new=a.hf_new)
+    if v and srv:
+        ratio("server / vLLM in-process", srv, "", v, "")
+    if v and hf:
+        ratio("vLLM / TransformersEngine", v, "", hf, "", ".1f")
+    if v:
+        print("\nwhat holds vLLM in-process below the roofline:")
+        row("  same, unseeded (no per-request generators)", v, "_unseeded")
+        row("  same, greedy without log-probs (no sampling)", v, "_greedy")
+        print(f"{'  prefill (max_tokens 1) share of the run':<44}"
+              + "".join(f"{v[f'{b}_prefill_s'] / v[f'{b}_s']:>22.1%}" for b in BATCHES))
+        dec = {f"{b}": b * (a.new - 1) / (v[f"{b}_s"] - v[f"{b}_prefill_s"]) for b in BATCHES}
+        row("  decode alone (run minus prefill)", dec)
+        print(f"  engine: {json.dumps(v['facts'])}")
+    if srv:
+        print("\nthe server's own costs:")
+        row("  VLLMEngine.generate from one thread", srv, "_direct")
+        print(f"{'  chat template + tokenise, one by one (s)':<44}"
+              + "".join(f"{srv[f'{b}_encode_s']:>22.3f}" for b in BATCHES))
+        print(f"{'  share of the timed batch':<44}"
+              + "".join(f"{srv[f'{b}_encode_s'] / srv[f'{b}_s']:>22.1%}" for b in BATCHES))
+        mnbt = srv["facts"]["max_num_batched_tokens"]
+        print(f"{'  engine steps (fewest possible)':<44}" + "".join(
+            f"{srv[f'{b}_steps']:>13} ({a.new - 1 + -(-b * a.prompt // mnbt)})" for b in BATCHES))
+        b = BATCHES[-1]
+        if f"{b}_stop" in srv:
+            print(f"  batch {b} with a stop string that never matches: {srv[f'{b}_stop']:,.0f} tok/s "
+                  f"({srv[f'{b}_stop'] / srv[str(b)]:.2f}x without)")
+        m = srv["mixed"]
+        print(f"  continuous batching: 8 short requests ({m['short_tokens']:.0f} tokens) done in {m['short_s']:.2f} s "
               f"while {m['long_running_when_short_done']}/64 long ones ({m['long_tokens']:.0f} tokens) ran on; "
               f"long ones took {m['long_s']:.2f} s")
+        print(f"  engine: {json.dumps(srv['facts'])}")
     if "sync" in results:
         s = results["sync"]
         raw = min(s["raw"])
-        print(f"weight sync of {s['bytes'] / 1e9:.2f} GB: raw device copy {raw * 1e3:.1f} ms; load_weights from GPU "
+        print(f"\nweight sync of {s['bytes'] / 1e9:.2f} GB: raw device copy {raw * 1e3:.1f} ms; load_weights from GPU "
               f"tensors {min(s['gpu']):.3f} s (first {s['gpu'][0]:.3f} s, {min(s['gpu']) / raw:.1f}x raw), from pinned "
               f"CPU {min(s['pinned']):.3f} s ({min(s['pinned']) / raw:.1f}x raw); version {s['version']}")
 
@@ -260,7 +353,7 @@ def main() -> None:
     ap.add_argument("--model", type=Path)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--new", type=int, default=256)
-    ap.add_argument("--part-timeout", type=float, default=240)
+    ap.add_argument("--hf-new", type=int, default=64, help="new tokens for TransformersEngine (slow)")
     a = ap.parse_args()
     if a.part:
         res = {"vllm": part_vllm, "server": part_server, "hf": part_hf, "sync": part_sync}[a.part](a)

@@ -14,8 +14,14 @@ What is kept exactly as in `TransformersEngine` (the records depend on it):
   the engine's seed in submission order; log-probs are vLLM's `processed_logprobs`, i.e. of the distribution
   sampled from (after temperature, top-k, top-p; raw log-softmax for greedy);
 - completion ids keep the eos (vLLM's stop token ids are the checkpoint's eos ids); stop strings are
-  matched here, on the decoded completion after each new token, and the ids end with the token that
-  completed the stop string while the text is cut before it; finish reasons "stop" / "length".
+  matched here (`StopMatcher`: a tail decode per new token, the whole completion only on a hit), and the ids
+  end with the token that completed the stop string while the text is cut before it, as a decode of the whole
+  completion after every token would cut it; finish reasons "stop" / "length".
+
+Engine settings as `vllm.LLM` makes them (so the PolicyServer runs what in-process vLLM runs): the LLM class's
+scheduler defaults for the GPU (`max_num_batched_tokens` 16384 on an H100/H200, against 2048 for a bare
+`LLMEngine`: 256 prompts of 256 tokens then prefill in 4 steps, not 32 mixed steps without CUDA graphs), and
+no per-step stats logging (nothing here reads it; it costs Python per request per step).
 
 Weights: `load_weights` validates names and shapes against the checkpoint, then waits for the requests in
 flight to finish on the old weights (new requests wait, not admitted), reloads in place, resets the prefix
@@ -43,6 +49,7 @@ import torch
 from whale_ray.policy.engine import (
     GenerationOutput,
     GenerationRequest,
+    StopMatcher,
     check_request,
     decode_completion,
     encode_prompts,
@@ -55,7 +62,7 @@ from whale_ray.policy.tiny import check_checkpoint_dir, load_tokenizer
 class _Live:
     future: cf.Future
     prompt_ids: list[int]
-    stops: tuple[str, ...]
+    stops: StopMatcher | None
     version: int = 0
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -112,7 +119,8 @@ class VLLMEngine:
             model=str(path), dtype=dtype, seed=seed, max_num_seqs=max_batch, max_model_len=self.max_context,
             skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=not cuda_graphs,
-            **({"compilation_config": compilation} if compilation else {}), **engine_kwargs,
+            **({"compilation_config": compilation} if compilation else {}),
+            **{"disable_log_stats": True, **engine_kwargs},
         )
         self._rng = random.Random(seed)
         self._submit_lock = threading.Lock()  # seeds are drawn in submission order
@@ -158,7 +166,7 @@ class VLLMEngine:
             stop_token_ids=list(self.eos_ids), detokenize=False, skip_special_tokens=True,
             output_kind=kind.DELTA if stops else kind.FINAL_ONLY,
         )
-        live = _Live(future, prompt_ids, stops)
+        live = _Live(future, prompt_ids, StopMatcher(self.tokenizer, stops) if stops else None)
         self._commands.put(("add", f"r{next(self._ids)}", live, params))
         return future
 
@@ -194,6 +202,11 @@ class VLLMEngine:
     def state_dict(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError("VLLMEngine.state_dict: the trainer holds the weights; read them there")
 
+    @property
+    def vllm_config(self) -> Any:
+        """The running engine's resolved configuration (scheduler, CUDA graph sizes), for benchmarks and logs."""
+        return self._core.vllm_config
+
     def close(self) -> None:
         if self._thread.is_alive():
             self._commands.put(("close",))
@@ -203,7 +216,9 @@ class VLLMEngine:
 
     def _serve(self) -> None:
         try:
-            self._core = self._vllm.LLMEngine.from_engine_args(self._args)
+            from vllm.usage.usage_lib import UsageContext
+
+            self._core = self._vllm.LLMEngine.from_engine_args(self._args, usage_context=UsageContext.LLM_CLASS)
         except BaseException as e:  # reported by __init__
             self._start_error = e
             self._ready.set()
@@ -289,18 +304,21 @@ class VLLMEngine:
         for t, lp in zip(new, lps):
             live.ids.append(t)
             live.logprobs.append(lp)
-            if live.stops:
-                text = decode_completion(self.tokenizer, live.ids)
-                hit = [text.find(s) for s in live.stops if s in text]
-                if hit:
-                    self._core.abort_request([out.request_id])
-                    self._finish(out.request_id, text[: min(hit)], "stop")
-                    return
+            if live.stops is not None and live.stops.maybe(live.ids) and (hit := live.stops.find(live.ids)):
+                self._core.abort_request([out.request_id])
+                self._finish(out.request_id, hit[1], "stop", hit[0])
+                return
         if out.finished:
+            # a stop string spanning more tokens than the tail check sees is found here, and cut where it began
+            if live.stops is not None and (hit := live.stops.find(live.ids)):
+                self._finish(out.request_id, hit[1], "stop", hit[0])
+                return
             reason = "stop" if c.finish_reason == "stop" else "length"
             self._finish(out.request_id, decode_completion(self.tokenizer, live.ids), reason)
 
-    def _finish(self, rid: str, text: str, reason: str) -> None:
+    def _finish(self, rid: str, text: str, reason: str, n: int | None = None) -> None:
         live = self._live.pop(rid)
+        if n is not None:
+            del live.ids[n:], live.logprobs[n:]
         self.tokens += len(live.ids)
         live.future.set_result(GenerationOutput(text, live.prompt_ids, live.ids, live.logprobs, reason, live.version))
