@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from whale_ray.domain import Domain
 from whale_ray.policy import (
@@ -28,7 +30,7 @@ from whale_ray.policy import (
     read_build_info,
     tiny,
 )
-from whale_ray.policy.engine import sample_rows
+from whale_ray.policy.engine import StopMatcher, decode_completion, sample_rows
 from whale_ray.records import SamplingParams
 
 SYSTEM = "Solve the problem. Give the final answer as \\boxed{N}."
@@ -322,6 +324,50 @@ def test_stop_strings(engine):
     n = len(outs[0].completion_ids)
     at_budget = engine.generate([ask("What is 0 + 8?", max_tokens=n, temperature=0.0, stop=(stop,))])[0]
     assert at_budget.finish_reason == "stop" and at_budget.text == outs[0].text
+
+
+def _first_stop_by_full_decodes(tok, ids, stops):
+    """The rule StopMatcher must reproduce: decode the whole completion after every token."""
+    for k in range(1, len(ids) + 1):
+        text = decode_completion(tok, ids[:k])
+        hits = [text.find(s) for s in stops if s in text]
+        if hits:
+            return k, text[: min(hits)]
+    return None
+
+
+def _as_the_vllm_engine_matches(tok, ids, stops):
+    """StopMatcher driven the way VLLMEngine drives it: `maybe` then `find` per token, `find` once at the end."""
+    m = StopMatcher(tok, stops)
+    for k in range(1, len(ids) + 1):
+        if m.maybe(ids[:k]) and (hit := m.find(ids[:k])):
+            return hit
+    return m.find(ids)
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from("ab cé€🐋\n<|>") | st.characters(codec="utf-8"), max_size=60),
+       specials=st.lists(st.integers(0, 30), max_size=4), a=st.integers(0, 60), width=st.integers(1, 6),
+       extra=st.text(max_size=4))
+def test_stop_matcher_cuts_where_full_decodes_cut(engine, text, specials, a, width, extra):
+    tok = engine.tokenizer
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    for pos in specials:  # special tokens print nothing: a stop string can span them
+        ids.insert(min(pos, len(ids)), tok.all_special_ids[pos % len(tok.all_special_ids)])
+    assert decode_completion(tok, ids) == tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    stops = tuple(s for s in (text[a : a + width], extra) if s)
+    if stops:
+        assert _as_the_vllm_engine_matches(tok, ids, stops) == _first_stop_by_full_decodes(tok, ids, stops)
+
+
+def test_stop_matcher_finds_a_stop_longer_than_its_tail(engine):
+    tok = engine.tokenizer
+    pad = tok.all_special_ids[0]
+    x, y = (tok(c, add_special_tokens=False)["input_ids"] for c in ("x", "y"))
+    ids = x + [pad] * 40 + y + tok(" and more text after it", add_special_tokens=False)["input_ids"]
+    m = StopMatcher(tok, ("xy",))
+    assert m.tail < 40 and not any(m.maybe(ids[:k]) for k in range(1, len(ids) + 1))  # the tail never sees it
+    assert m.find(ids) == _first_stop_by_full_decodes(tok, ids, ("xy",)) == (len(x) + 40 + len(y), "")
 
 
 def test_seeded_requests_are_deterministic(built, engine):
