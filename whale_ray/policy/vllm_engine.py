@@ -158,17 +158,22 @@ class VLLMEngine:
         stops = tuple(x for x in s.stop if x)
         with self._submit_lock:
             seed = s.seed if s.seed is not None else self._rng.getrandbits(63)
-        from vllm.sampling_params import RequestOutputKind as kind
-
-        params = self._vllm.SamplingParams(  # validates here: a bad value fails this request alone
-            n=1, temperature=float(s.temperature), top_k=int(s.top_k), top_p=float(s.top_p),
-            max_tokens=min(s.max_tokens, self.max_context - len(prompt_ids)), seed=seed, logprobs=0,
-            stop_token_ids=list(self.eos_ids), detokenize=False, skip_special_tokens=True,
-            output_kind=kind.DELTA if stops else kind.FINAL_ONLY,
-        )
+        params = self.sampling_params(request, len(prompt_ids), seed)
         live = _Live(future, prompt_ids, StopMatcher(self.tokenizer, stops) if stops else None)
         self._commands.put(("add", f"r{next(self._ids)}", live, params))
         return future
+
+    def sampling_params(self, request: GenerationRequest, prompt_len: int, seed: int) -> Any:
+        """vLLM's SamplingParams for `request` (validated by vLLM here: a bad value fails this request alone)."""
+        from vllm.sampling_params import RequestOutputKind as kind
+
+        s = request.sampling
+        return self._vllm.SamplingParams(
+            n=1, temperature=float(s.temperature), top_k=int(s.top_k), top_p=float(s.top_p),
+            max_tokens=min(s.max_tokens, self.max_context - prompt_len), seed=seed, logprobs=0,
+            stop_token_ids=list(self.eos_ids), detokenize=False, skip_special_tokens=True,
+            output_kind=kind.DELTA if any(s.stop) else kind.FINAL_ONLY,  # per-token outputs only for stop strings
+        )
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationOutput]:
         futures = [self.submit(r) for r in requests]
