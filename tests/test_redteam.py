@@ -44,9 +44,31 @@ def score(result) -> float:
     return float(verify(Task(id=TASK["id"], question=TASK["question"], answer=GOLD), result.answer))
 
 
+def slots_held_elsewhere() -> set[int]:
+    """Slot uids that another process of this shared machine holds right now (its flock on the slot file):
+    their processes are that process's episodes, not leftovers of ours."""
+    import fcntl
+
+    from whale_ray.sandbox.runner import UID_POOL
+
+    held = set()
+    d = UID_POOL._lock_dir()
+    for name in os.listdir(d) if d else []:
+        fd = os.open(os.path.join(d, name), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            held.add(int(name))
+        finally:
+            os.close(fd)
+    return held
+
+
 def sandbox_uid_pids() -> list[int]:
-    """Live processes of any sandbox uid (per-slot uids, or 65534 when not using slots)."""
+    """Live processes of a per-slot sandbox uid that no other process on the machine holds."""
     found = []
+    others = slots_held_elsewhere()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -64,7 +86,7 @@ def sandbox_uid_pids() -> list[int]:
                 state = line.split()[1]
         if uid is None or state == "Z":
             continue
-        if isolation.SLOT_UID_BASE <= uid < isolation.SLOT_UID_BASE + isolation.MAX_SLOTS:
+        if isolation.SLOT_UID_BASE <= uid < isolation.SLOT_UID_BASE + isolation.MAX_SLOTS and uid not in others:
             found.append(int(entry))
     return found
 
@@ -89,6 +111,9 @@ def attack(case: str, source: str, expected: str | tuple[str, ...], *, answer: s
     while sandbox_uid_pids() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert sandbox_uid_pids() == [], case
+    from whale_ray.sandbox import cgroup
+
+    assert cgroup.leftovers() == [], case  # the episode's cgroup (and so every process in it) is gone
     ok = run_episode(NORMAL, TASK, generate=gen, tools_path=None, host_tools={}, limits=SandboxLimits(wall_s=8),
                      seed=2)
     assert ok.status == "ok" and score(ok) == 1.0, (case, ok.status, ok.reason)
