@@ -194,15 +194,20 @@ def base_model(cfg: WhaleConfig) -> str:
     return str(path)
 
 
-CONNECT_TIMEOUT_S = 45.0  # ray.init against an address where nothing answers would retry for minutes
+CONNECT_TIMEOUT_S = 30.0  # ray.init against an address where nothing answers would retry for minutes
 
 
 def start_ray(address: str | None) -> None:
     import logging
 
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        # A new local cluster turns on Ray's token authentication by default and warns about it on every
+        # run; saying so explicitly (before Ray reads it) keeps it on without the warning. A user's own
+        # RAY_AUTH_MODE wins.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
 
-    address = address or os.environ.get("RAY_ADDRESS")
     if address:
         check_reachable(address)
         # Backstop for an address that accepts connections but is no Ray head: one line, not a hang.
@@ -214,9 +219,6 @@ def start_ray(address: str | None) -> None:
         finally:
             watchdog.cancel()
     else:
-        # A new local cluster turns on Ray's token authentication by default and warns about it on every
-        # run; saying so explicitly keeps it on without the warning (a user's own RAY_AUTH_MODE wins).
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
         # Logical CPUs above the core count: generation, training and sandboxes take turns, not all at once.
         ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False)
