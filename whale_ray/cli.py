@@ -280,16 +280,21 @@ def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
-    check_inputs(cfg)
     started = time.perf_counter()
-    start_ray(args.ray_address)  # before the policy build (minutes): a wrong address or cluster fails at once
+    remote = args.ray_address or os.environ.get("RAY_ADDRESS")
+    if remote:
+        start_ray(remote)  # first: an address where no head answers is one line within seconds
     import ray
 
     from whale_ray.resources import check_cluster
     from whale_ray.schedules import plan
 
     try:
-        check_cluster(cfg, any(p.kind == "weight" for phases in plan(cfg) for p in phases))  # before any actor: a role no node can hold would wait for ever
+        check_inputs(cfg)
+        if not remote:
+            start_ray(None)
+        # before any actor and the policy build (minutes): a role no node can hold would wait for ever
+        check_cluster(cfg, any(p.kind == "weight" for phases in plan(cfg) for p in phases))
         model = base_model(cfg)
     except BaseException:
         ray.shutdown()
