@@ -580,24 +580,25 @@ def test_coordinator_rejects_leaks_logs_sessions_and_stops_on_the_proposer_budge
 def test_resume_neither_reruns_a_finished_session_nor_counts_it_twice(tmp_path, serve, ray_cluster, tiny_policy,
                                                                       monkeypatch):
     from actors.coordinator import Coordinator
+    from whale_ray.loop.harness_phase import HarnessSearch
     from whale_ray.run_state import RunState
 
     server = serve(smart_script([], leak=False))
     cfg = coordinator_config(tmp_path / "run", server.base_url)
-    original = Coordinator.evaluate_candidates
+    original = HarnessSearch.evaluate_candidates
 
     def crash_in_iteration_2(self, ids, cycle, iteration):
         if iteration == 2:
             raise KeyboardInterrupt("killed after the session of iteration 2 was logged")
         return original(self, ids, cycle, iteration)
 
-    monkeypatch.setattr(Coordinator, "evaluate_candidates", crash_in_iteration_2)
+    monkeypatch.setattr(HarnessSearch, "evaluate_candidates", crash_in_iteration_2)
     first = Coordinator(cfg, tiny_policy)
     with pytest.raises(KeyboardInterrupt):
         first.run()
     stop_actors(first)
     del first
-    monkeypatch.setattr(Coordinator, "evaluate_candidates", original)
+    monkeypatch.setattr(HarnessSearch, "evaluate_candidates", original)
     assert server.sessions() == 1
     sdir = cfg.run_dir / "proposer"
     assert (sdir / "iter-0002" / "session.json").is_file()
