@@ -209,8 +209,14 @@ def check_ledger(cfg: WhaleConfig, run_dir: Path, state: dict) -> None:
     assert ledger["eval_rollouts"] == (len(val_pairs) * cfg.data.n_val * cfg.eval.val_samples
                                        + len(best_pairs) * cfg.data.n_test * cfg.eval.test_samples)
     assert state["weight_version"] == ledger["weight_steps"]
-    # a weight step trains iff its rollouts hold an accepted call: then the version moves by one
-    trained = sum(any(r == 1.0 for r in rewards(run_dir / "rollouts" / f"{n}.parquet")) for n in names)
+    # a weight step trains iff an accepted episode (reward 1) made a model call that generated tokens (a chess h0
+    # may solve a mate in one from the legal-move tool without calling the model): then the version moves by one
+    def trains(name: str) -> bool:
+        table = pq.read_table(run_dir / "rollouts" / f"{name}.parquet", columns=["reward", "calls"])
+        return any(r == 1.0 and any(c["completion_ids"] for c in calls)
+                   for r, calls in zip(table.column("reward").to_pylist(), table.column("calls").to_pylist()))
+
+    trained = sum(trains(n) for n in names)
     assert ledger["weight_steps"] == trained
 
 
