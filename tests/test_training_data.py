@@ -16,7 +16,6 @@ from tests.conftest import load_harness, small_config
 from tests.run_truth import guessing_math_harness
 from whale_ray.domain import get_domain
 
-RECORDS_PENDING = pytest.mark.xfail(strict=True, reason="train step records land with the loop reshape")
 # A chat's final answer is what the harness extracts from it (here: a boxed guess); the loop judges a vote's chat
 # by the verifier on its raw last completion, so with an extracting harness no chat of a vote ever trains.
 VOTES_DISAGREE = pytest.mark.xfail(strict=True, reason="votes: the loop verifies a chat's raw completion, not the "
@@ -78,7 +77,6 @@ def weight_files(run_dir: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-@RECORDS_PENDING
 def test_each_step_trains_exactly_the_verifier_accepted_calls(study, request):
     cfg, harness, _ = study
     if harness["N_VOTES"] > 1:
