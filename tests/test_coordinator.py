@@ -31,13 +31,6 @@ EXPECTED_PHASES = {
 }
 
 
-# The chess h0 asks for each move in a fresh chat; the loop's accepted_calls then sees several conversations and
-# keeps those whose raw last completion (one move) the verifier accepts, which is none: a solved two-move puzzle
-# trains nothing, and check_ledger counts a step that should have trained.
-CHESS_MOVES_UNTRAINED = pytest.mark.xfail(strict=True, reason="chess: an accepted multi-move episode trains nothing "
-                                          "(each move's chat is verified alone); reported to the lead")
-
-
 def rollout_rows(run_dir, prefix):
     return [pq.read_table(p) for p in sorted((run_dir / "rollouts").glob(f"{prefix}*.parquet"))]
 
@@ -45,9 +38,7 @@ def rollout_rows(run_dir, prefix):
 @pytest.mark.slow
 @pytest.mark.parametrize("domain", builtin_domain_names())
 @pytest.mark.parametrize("condition", list(EXPECTED_PHASES))
-def test_condition_runs_its_phases(domain, condition, tmp_path, ray_cluster, embedded_policy, request):
-    if (domain, condition) == ("chess_puzzles", "adaptive_whale"):  # this study has an accepted two-move episode
-        request.applymarker(CHESS_MOVES_UNTRAINED)
+def test_condition_runs_its_phases(domain, condition, tmp_path, ray_cluster, embedded_policy):
     overrides = {}
     if domain == "math_reasoning":  # rewards that vary, so that selection and training have choices to get wrong
         seed_harness = tmp_path / "guess.py"

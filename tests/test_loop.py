@@ -228,11 +228,16 @@ def test_conversations_split_votes_and_follow_turns():
         _call(q, "code b"),  # vote 2, turn 1
         _call(q + [{"role": "assistant", "content": "code b"}, {"role": "user", "content": "out b"}], "\\boxed{5}"),
     ]
+    boxed = lambda text: "\\boxed{" in text  # noqa: E731
     assert conversations(calls) == [[0, 1], [2, 3]]
-    assert accepted_calls(calls, lambda text: "7" in text) == [0, 1]
-    assert accepted_calls(calls, lambda text: False) == []
+    assert accepted_calls(calls, lambda text: "7" in text, boxed) == [0, 1]
+    assert accepted_calls(calls, lambda text: False, boxed) == []
     # One conversation: the episode's reward decides, whatever its last completion says.
-    assert accepted_calls(calls[:2], lambda text: False) == [0, 1]
+    assert accepted_calls(calls[:2], lambda text: False, boxed) == [0, 1]
+    # Several chats but at most one states an answer (a chat per chess move, a harness that extracts the answer
+    # itself): one attempt, every call trains.
+    assert accepted_calls(calls, lambda text: False, lambda text: False) == [0, 1, 2, 3]
+    assert accepted_calls(calls[:3], lambda text: False, boxed) == [0, 1, 2]
 
 
 def test_cycle_wall_time_spans_launches(tmp_path):

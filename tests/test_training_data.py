@@ -16,11 +16,6 @@ from tests.conftest import load_harness, small_config
 from tests.run_truth import guessing_math_harness
 from whale_ray.domain import get_domain
 
-# A chat's final answer is what the harness extracts from it (here: a boxed guess); the loop judges a vote's chat
-# by the verifier on its raw last completion, so with an extracting harness no chat of a vote ever trains.
-VOTES_DISAGREE = pytest.mark.xfail(strict=True, reason="votes: the loop verifies a chat's raw completion, not the "
-                                   "answer the harness extracts from it (reported to the lead)")
-
 
 def conversations(calls: list[dict]) -> list[list[int]]:
     """The call indices of each conversation of an episode: a call continues the previous one when its messages
@@ -37,20 +32,25 @@ def conversations(calls: list[dict]) -> list[list[int]]:
     return out
 
 
-def expected_examples(row: dict, task, verify, harness: dict) -> list[tuple[str, int, int]]:
-    """(task_id, sample, call) of every call that should train: the episode is accepted (reward 1, status ok)
-    and the call's conversation ended in an answer that the verifier accepts on its own."""
+def answering(calls: list[dict], domain) -> list[list[int]]:
+    """The conversations whose last completion states an answer in the domain's format (math: a box)."""
+    marker = domain.answer_format
+    return [c for c in conversations(calls) if marker is not None and marker.open in calls[c[-1]]["completion"]]
+
+
+def expected_examples(row: dict, task, verify, domain) -> list[tuple[str, int, int]]:
+    """(task_id, sample, call) of every call that should train, by the rule docs/contracts.md states: the episode
+    is accepted (reward 1, status ok); if at most one of its chats states an answer it is one attempt and every
+    call trains, else only the chats whose stated answer the verifier accepts on its own."""
     if row["reward"] != 1 or row["status"] != "ok":
         return []
-    trace = json.loads(row["trace"])
-    harness["build_messages"](trace["task"])  # the harness's state for this task (the seed harness keeps some)
-    out = []
-    for conv in conversations(trace["calls"]):
-        last = trace["calls"][conv[-1]]["completion"]
-        answer = harness["extract_answer"](last) if harness["find_tool_call"](last) is None else None
-        if verify(task, answer) == 1:
-            out += [(row["task_id"], row["sample"], i) for i in conv if row["calls"][i]["completion_ids"]]
-    return out
+    calls = json.loads(row["trace"])["calls"]
+    stating = answering(calls, domain)
+    if len(stating) <= 1:
+        keep = range(len(calls))
+    else:
+        keep = [i for conv in stating if verify(task, calls[conv[-1]]["completion"]) == 1 for i in conv]
+    return [(row["task_id"], row["sample"], i) for i in keep if row["calls"][i]["completion_ids"]]
 
 
 def contains(haystack: list[int], needle: list[int]) -> bool:
@@ -77,10 +77,8 @@ def weight_files(run_dir: Path) -> list[Path]:
 
 
 @pytest.mark.slow
-def test_each_step_trains_exactly_the_verifier_accepted_calls(study, request):
+def test_each_step_trains_exactly_the_verifier_accepted_calls(study):
     cfg, harness, _ = study
-    if harness["N_VOTES"] > 1:
-        request.applymarker(VOTES_DISAGREE)
     run_dir = Path(cfg.run_dir)
     domain = get_domain(cfg.domain)
     splits = domain.load_splits(cfg.data, cfg.seed)
@@ -95,7 +93,7 @@ def test_each_step_trains_exactly_the_verifier_accepted_calls(study, request):
         cycle, step = (int(part[1:]) for part in file.stem.removeprefix("weight-").split("-"))
         assert (record["cycle"], record["step"], record["rollout_file"]) == (cycle, step, file.stem)
         rows = pq.read_table(file).to_pylist()
-        want = [e for row in rows for e in expected_examples(row, tasks[row["task_id"]], verify, harness)]
+        want = [e for row in rows for e in expected_examples(row, tasks[row["task_id"]], verify, domain)]
         got = [(e["task_id"], e["sample"], e["call"]) for e in record["examples"]]
         assert sorted(got) == sorted(want), file.name
         # what the learner saw is that list: its example and token counts are those calls' completions
@@ -108,7 +106,7 @@ def test_each_step_trains_exactly_the_verifier_accepted_calls(study, request):
         version = record["version_after"]
         trained_steps += bool(want)
         accepted = [r for r in rows if r["reward"] == 1 and r["status"] == "ok"]
-        split_episodes += sum(len(conversations(json.loads(r["trace"])["calls"])) > 1 for r in accepted)
+        split_episodes += sum(len(answering(json.loads(r["trace"])["calls"], domain)) > 1 for r in accepted)
     state = json.loads((run_dir / "state.json").read_text())
     assert state["weight_version"] == version == state["ledger"]["weight_steps"]
     assert trained_steps > 0  # not vacuous: some steps trained

@@ -91,15 +91,18 @@ def conversations(calls: list[dict[str, Any]]) -> list[list[int]]:
     return chains
 
 
-def accepted_calls(calls: list[dict[str, Any]], accepts: Callable[[str], bool]) -> list[int]:
-    """Which calls of an accepted episode may train: all of them when the episode is one conversation (its
-    reward is that conversation's). When it holds several (votes, restarts), only the calls of conversations
-    whose last completion `accepts` (the verifier on that text): a losing vote is not a verified sample."""
+def accepted_calls(calls: list[dict[str, Any]], accepts: Callable[[str], bool],
+                   states_answer: Callable[[str], bool]) -> list[int]:
+    """Which calls of an accepted episode may train. When at most one conversation of the episode ends in a
+    completion that states an answer in the domain's format (`states_answer`), the episode is one attempt and
+    its reward is that attempt's: every call trains (a chat per move, tool turns, a harness that extracts the
+    answer itself). When several do (votes, restarts), only the conversations whose last completion the
+    verifier `accepts` train: a losing vote is not a verified sample."""
     chains = conversations(calls)
-    if len(chains) <= 1:
+    answering = [c for c in chains if states_answer(calls[c[-1]].get("completion") or "")]
+    if len(answering) <= 1:
         return list(range(len(calls)))
-    keep = {i for chain in chains if accepts(calls[chain[-1]].get("completion") or "") for i in chain}
-    return sorted(keep)
+    return sorted({i for c in answering if accepts(calls[c[-1]].get("completion") or "") for i in c})
 
 
 def truncate(prompt: list[int], completion: list[int], max_len: int | None) -> SFTExample:

@@ -26,15 +26,20 @@ from whale_ray.schedules import Phase, weight_phase_should_stop
 
 def training_examples(ctx: RunContext, rollouts: list[Rollout], tasks: list[Task]) -> tuple[list[SFTExample], list[dict]]:
     """The SFT examples of a step and which (task, sample, call) each came from: calls of accepted episodes
-    (reward 1, status ok) that the verifier vouches for (`rsft.accepted_calls`) and that generated tokens."""
+    (reward 1, status ok) that `rsft.accepted_calls` lets train (losing votes do not) and that generated tokens."""
     by_id = {t.id: t for t in tasks}
+    marker = ctx.domain.answer_format
+
+    def states_answer(text: str) -> bool:
+        return marker is not None and marker.open in text
+
     examples, sources = [], []
     for r in rollouts:
         if r.reward != 1 or r.status != "ok":
             continue
         task = by_id[r.task_id]
         traced = json.loads(r.trace)["calls"]
-        for i in accepted_calls(traced, lambda text: ctx.verifier(task, text) == 1):
+        for i in accepted_calls(traced, lambda text: ctx.verifier(task, text) == 1, states_answer):
             call = r.calls[i]
             if call["completion_ids"]:
                 examples.append((list(call["prompt_ids"]), list(call["completion_ids"])))

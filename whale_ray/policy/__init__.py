@@ -1,4 +1,7 @@
-"""The policy: the embedded tiny model (tiny.py) and the generation engines (engine.py)."""
+"""The policy: the embedded tiny model (tiny.py) and the generation engines (engine.py, vllm_engine.py), by name."""
+
+from pathlib import Path
+from typing import Any
 
 from whale_ray.policy.engine import (
     Engine,
@@ -6,7 +9,6 @@ from whale_ray.policy.engine import (
     GenerationRequest,
     TransformersEngine,
     check_request,
-    make_engine,
 )
 from whale_ray.policy.tiny import (
     CheckpointError,
@@ -18,7 +20,20 @@ from whale_ray.policy.tiny import (
 )
 from whale_ray.policy.vllm_engine import VLLMEngine
 
+ENGINES = ("transformers", "vllm")
+
+
+def make_engine(kind: str, model_path: Path | str, **kw: Any) -> Engine:
+    """An engine by name: 'transformers' (default, CPU or GPU) or 'vllm' (GPU; needs the vllm extra)."""
+    if kind not in ENGINES:
+        raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
+    if kind == "vllm":
+        return VLLMEngine(model_path, **kw)
+    return TransformersEngine(model_path, **kw)
+
+
 __all__ = [
+    "ENGINES",
     "CheckpointError",
     "Engine",
     "GenerationOutput",

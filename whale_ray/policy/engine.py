@@ -360,17 +360,3 @@ class TransformersEngine:
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
-
-
-ENGINES = ("transformers", "vllm")
-
-
-def make_engine(kind: str, model_path: Path | str, **kw: Any) -> Engine:
-    """An engine by name: 'transformers' (default, CPU or GPU) or 'vllm' (GPU; needs the vllm extra)."""
-    if kind not in ENGINES:
-        raise ValueError(f"unknown engine {kind!r}; choose one of {', '.join(ENGINES)}")
-    if kind == "vllm":
-        from whale_ray.policy.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_path, **kw)
-    return TransformersEngine(model_path, **kw)

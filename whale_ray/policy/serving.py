@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request, make_engine
+from whale_ray.policy import make_engine
+from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request
 from whale_ray.records import ModelCall, SamplingParams
 
 

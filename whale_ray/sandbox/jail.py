@@ -142,7 +142,8 @@ class CommandJail:
         return proc
 
     def close(self) -> None:
-        from whale_ray.sandbox.runner import UID_POOL, _rmtree
+        from whale_ray.sandbox.mounts import rmtree
+        from whale_ray.sandbox.runner import UID_POOL
 
         if self.cgroup is not None:
             self.cgroup.remove()
@@ -168,7 +169,7 @@ class CommandJail:
             UID_POOL.release(self.uid)  # kills anything still running as the slot uid
             self.uid = None
         if self._shim_dir is not None:
-            _rmtree(self._shim_dir)
+            rmtree(self._shim_dir)
             self._shim_dir = None
 
 

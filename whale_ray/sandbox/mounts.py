@@ -21,6 +21,7 @@ import os
 import shutil
 import tempfile
 import threading
+from typing import Any, Callable
 
 from whale_ray.sandbox import isolation
 
@@ -112,10 +113,9 @@ class EpisodeMounts:
 
 
 def _remove(path: str) -> None:
-    from whale_ray.sandbox.runner import _rmtree
 
     if os.path.lexists(path):
-        _rmtree(path)
+        rmtree(path)
 
 
 def _alive(pid: int) -> bool:
@@ -151,3 +151,20 @@ def sweep_stale() -> None:
                 stale.add(episode)
     for episode in stale:
         shutil.rmtree(episode, ignore_errors=True)
+
+
+def rmtree(path: str) -> None:
+    """Remove an episode directory, even where a harness (unsafe_none) took the permissions off its files."""
+
+    def fix(func: Callable[..., Any], p: str, exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if os.path.isdir(p) and not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=fix)
+    if os.path.lexists(path):
+        shutil.rmtree(path, ignore_errors=True)

@@ -362,21 +362,6 @@ def _signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-def _rmtree(path: str) -> None:
-    """Remove an episode directory, even where a harness (unsafe_none) took the permissions off its files."""
-
-    def fix(func: Callable[..., Any], p: str, exc: Any) -> None:
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if os.path.isdir(p) and not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=fix)
-    if os.path.lexists(path):
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def _invoke(fn: Callable[..., Any], args: dict[str, Any]) -> Any:
