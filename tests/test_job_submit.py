@@ -1,0 +1,273 @@
+"""cluster/README.md followed as a new user would: a real `ray start --head` (token authentication on, as a
+token left by an earlier local run turns it on), a checkout shipped with `--working-dir .`, a short study
+submitted through the real `ray job submit` CLI and through the real JobSubmissionClient; a job stopped
+mid-run (the client's stop_job, the REST call `ray job stop` makes) and resubmitted finishes with the planned
+ledger (tests/run_truth.py), equal to the uninterrupted run's. The run directory and the policy cache live
+under `storage:`. Also the bad input of item 4: an address where nothing listens and a
+role no node can hold are one-line errors (exit 2), not hangs.
+
+The head gets its own temp dir and ports (other Ray clusters may share the machine) and is stopped by
+killing its own process group, never with `ray stop`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import SMALL, build_test_policy
+from tests.run_truth import check_ledger, guessing_math_harness
+from whale_ray.config import load_config
+from whale_ray.domain import get_domain
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+START_S = 300  # a head on a loaded 2-core machine takes a minute or two to take jobs
+JOB_S = 1500  # one short study end to end
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def checkout_copy(dest: Path) -> Path:
+    """What `git clone` gives a new user: the files git tracks or would add (no .venv, runs, caches)."""
+    repo = Path(__file__).resolve().parents[1]
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=repo, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (repo / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / name, dest / name)
+    return dest
+
+
+def nested(dotted: dict) -> dict:
+    tree: dict = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
+class Head:
+    """`ray start --head --block` in its own session; stop() ends exactly the processes it started."""
+
+    def __init__(self, root: Path, env: dict[str, str]):
+        gcs, dash, agent, agent_grpc, client, metrics, runtime_env, node, obj = free_ports(9)
+        self.gcs_address, self.address = f"127.0.0.1:{gcs}", f"http://127.0.0.1:{dash}"
+        self.log = root / "head.log"
+        cmd = [str(BIN / "ray"), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=4",
+               "--disable-usage-stats", f"--temp-dir={root / 'ray'}", "--node-ip-address=127.0.0.1",
+               "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--dashboard-agent-listen-port={agent}",
+               f"--dashboard-agent-grpc-port={agent_grpc}", f"--ray-client-server-port={client}",
+               f"--metrics-export-port={metrics}", f"--runtime-env-agent-port={runtime_env}",
+               f"--node-manager-port={node}", f"--object-manager-port={obj}"]
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def stop(self) -> None:
+        for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True).returncode != 0:
+                    self.proc.wait(timeout=10)
+                    return
+                time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def cluster(pytestconfig):
+    """A head with token auth, a shipped checkout holding the study's config, and the client's environment."""
+    root = Path(tempfile.mkdtemp(prefix="wjs-", dir="/tmp"))  # short: Ray's socket paths live under it
+    token = root / "token"
+    token.write_text(secrets.token_hex(32))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") and k != "WHALE_CACHE"}
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token))
+    # storage: a local path every node of this one-machine cluster reaches; the policy cache is under it
+    storage = root / "storage"
+    policy = Path(build_test_policy(pytestconfig, "math_reasoning"))
+    shutil.copytree(policy, storage / "cache" / policy.name)
+    checkout = checkout_copy(root / "checkout")
+    # a seed harness whose rewards vary, so weight steps train and the Trainer has state to resume
+    (checkout / "guessing_h0.py").write_text(guessing_math_harness(get_domain("math_reasoning").h0_path.read_text()))
+    study = nested({**SMALL, "policy.warmstart_steps": 60, "harness": "guessing_h0.py"})  # 60: the test policy
+    (checkout / "study.yaml").write_text(yaml.safe_dump({**study, "storage": str(storage), "run_dir": "study"}))
+    (checkout / "again.yaml").write_text(yaml.safe_dump({**study, "storage": str(storage), "run_dir": "again"}))
+    head = Head(root, env)
+    try:
+        wait_ready(head, env)
+        yield {"head": head, "env": env, "root": root, "storage": storage, "checkout": checkout}
+    finally:
+        head.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def client(head: Head, env: dict[str, str]):
+    """The real JobSubmissionClient, sending the cluster's token (the client sends it only when told to)."""
+    from ray.job_submission import JobSubmissionClient
+
+    token = Path(env["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    return JobSubmissionClient(head.address, headers={"Authorization": f"Bearer {token}"})
+
+
+def wait_ready(head: Head, env: dict[str, str]) -> None:
+    """Until the head runs a job: its job agent starts a while after the dashboard answers."""
+    deadline, last = time.monotonic() + START_S, None
+    while time.monotonic() < deadline:
+        if head.proc.poll() is not None:
+            pytest.fail(f"ray start --head exited: {head.log.read_text()[-2000:]}")
+        try:
+            jobs = client(head, env)
+            sub = jobs.submit_job(entrypoint="python -c 'print(1)'")
+            wait_job(jobs, sub, timeout=120)
+            return
+        except Exception as e:  # not up yet: connection refused, "No available agent to submit job"
+            last = e
+            time.sleep(3)
+    pytest.fail(f"the head took no job within {START_S} s: {last}")
+
+
+def wait_job(jobs, sub: str, timeout: float, until=("SUCCEEDED", "FAILED", "STOPPED")) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status = str(jobs.get_job_status(sub).value)
+        if status in until:
+            return status
+        time.sleep(2)
+    raise TimeoutError(f"job {sub} still not {until} after {timeout} s:\n{jobs.get_job_logs(sub)[-3000:]}")
+
+
+ENTRYPOINT = "python -m whale_ray.cli run --config {} --ray-address auto"
+
+
+def state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "state.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster):
+    """The README's command through the real `ray job submit` CLI (it waits for the job and streams its log)."""
+    c = cluster
+    out = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", c["head"].address, "--working-dir", ".",
+                          "--", *ENTRYPOINT.format("study.yaml").split()],
+                         cwd=c["checkout"], env=c["env"], capture_output=True, text=True, timeout=JOB_S)
+    transcript = c["root"].parent / f"{c['root'].name}-ray-job-submit.txt"  # kept for the record
+    transcript.write_text(f"$ ray job submit ...\n{out.stdout}\n{out.stderr}")
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return c["storage"] / "study", out.stdout
+
+
+def test_ray_job_submit_runs_a_study(cluster, uninterrupted):
+    run_dir, log = uninterrupted
+    assert "succeeded" in log and "WHALE run summary" in log
+    assert f"run directory: {run_dir}" in log  # run_dir: study, under storage:
+    s = state(run_dir)
+    assert s["finished"] and len(s["history"]) == 3  # row 0 and two cycles
+    assert s["ledger"]["weight_steps"] > 0  # the Trainer trained: a stopped job has weights to resume
+    cfg = load_config(run_dir / "config.yaml")
+    assert cfg.storage == str(cluster["storage"]) and cfg.run_dir == run_dir
+    check_ledger(cfg, run_dir, s)
+    assert list((cluster["storage"] / "cache").iterdir()) == [next((cluster["storage"] / "cache").iterdir())]
+    status = subprocess.run([sys.executable, "-m", "whale_ray.cli", "status", str(run_dir)], capture_output=True,
+                            text=True, timeout=120)
+    assert status.returncode == 0 and "finished (2/2 cycles)" in status.stdout, status.stdout + status.stderr
+
+
+def test_job_stop_and_resubmit_resume(cluster, uninterrupted):
+    c = cluster
+    jobs = client(c["head"], c["env"])
+    entry = ENTRYPOINT.format("again.yaml")
+    run_dir = c["storage"] / "again"
+    first = jobs.submit_job(entrypoint=entry, runtime_env={"working_dir": str(c["checkout"])})
+    deadline = time.monotonic() + JOB_S
+    # cut once cycle 1's first weight step is on record. Stopped through the client: the `ray job stop` CLI
+    # makes the same REST call, but on a loaded 2-core machine it takes 20-60 s just to start, and in two runs
+    # its stop landed after the run had finished.
+    while not ((run_dir / "state.json").is_file() and state(run_dir)["ledger"]["weight_rollouts"]):
+        assert time.monotonic() < deadline and jobs.get_job_status(first).value in ("PENDING", "RUNNING"), jobs.get_job_logs(first)
+        time.sleep(1)
+    assert jobs.stop_job(first)
+    assert wait_job(jobs, first, timeout=300) == "STOPPED"
+    cut = state(run_dir)
+    assert not cut["finished"]
+    second = jobs.submit_job(entrypoint=entry, runtime_env={"working_dir": str(c["checkout"])})
+    assert wait_job(jobs, second, timeout=JOB_S) == "SUCCEEDED", jobs.get_job_logs(second)[-4000:]
+    done, reference = state(run_dir), state(uninterrupted[0])
+    assert done["finished"] and done["phases_done"][:len(cut["phases_done"])] == cut["phases_done"]
+    # the ledger is the planned one: every unit once, nothing lost or counted twice (tests/run_truth.py)
+    check_ledger(load_config(run_dir / "config.yaml"), run_dir, done)
+    # and the same as the uninterrupted run's of the same config and seed
+    counts = ("weight_rollouts", "harness_rollouts", "eval_rollouts", "weight_steps", "harness_iterations",
+              "candidates_proposed", "candidates_invalid")  # the ledger less its wall times
+    assert {k: done["ledger"][k] for k in counts} == {k: reference["ledger"][k] for k in counts}
+    assert done["phases_done"] == reference["phases_done"] and done["weight_version"] == reference["weight_version"]
+    assert [r["best"] for r in done["history"]] == [r["best"] for r in reference["history"]]
+
+
+# ------------------------------------------------------------------------------------------- bad input
+def whale_run(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "whale_ray.cli", "run", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_unreachable_address_is_one_line(tmp_path):
+    (port,) = free_ports(1)  # nothing listens there
+    out = whale_run("--ray-address", f"127.0.0.1:{port}", "--run-dir", str(tmp_path / "r"), cwd=tmp_path,
+                    env=dict(os.environ))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stdout.strip().count("\n") == 0 and "no Ray cluster answers at" in out.stdout and f":{port} (" in out.stdout
+    assert not (tmp_path / "r").exists()
+
+
+def test_role_no_node_can_hold_is_one_line(cluster, tmp_path):
+    c = cluster
+    # the head has 4 CPUs and no GPU: a GPU PolicyServer can never be placed
+    cfg = tmp_path / "gpu.yaml"
+    cfg.write_text(yaml.safe_dump({**yaml.safe_load((c["checkout"] / "study.yaml").read_text()),
+                                   "run_dir": str(tmp_path / "g"),
+                                   "resources": {"policy_server": {"num_cpus": 1, "num_gpus": 1}}}))
+    out = whale_run("--config", str(cfg), "--ray-address", c["head"].gcs_address, cwd=c["checkout"], env=c["env"])
+    assert out.returncode == 2, out.stdout + out.stderr
+    line = out.stdout.strip()
+    assert line.count("\n") == 0 and "resources.policy_server asks for {CPU: 1, GPU: 1}" in line, line
+    assert not (tmp_path / "g").exists()
+
+
+def test_infeasible_names_the_role_and_the_shortfall():
+    from whale_ray.resources import infeasible
+
+    nodes = [{"CPU": 4.0, "memory": 1e9}, {"CPU": 2.0, "GPU": 1.0}]
+    assert infeasible({"policy_server": (1, {"CPU": 1.0, "GPU": 1.0}), "evaluator": (8, {"CPU": 0.5})}, nodes) is None
+    why = infeasible({"trainer_worker": (1, {"CPU": 3.0, "GPU": 1.0})}, nodes)
+    assert why.startswith("resources.trainer_worker asks for {CPU: 3, GPU: 1} per actor, but no node")
+    why = infeasible({"evaluator": (13, {"CPU": 0.5})}, nodes)
+    assert "CPU 6.5 of 6" in why and "evaluator 13 x {CPU: 0.5}" in why
+    assert "custom" in infeasible({"retriever": (1, {"CPU": 0.0, "custom": 1.0})}, nodes)
