@@ -85,3 +85,13 @@ def test_the_loop_finder_finds_each_loop() -> None:
 def test_no_import_cycles() -> None:
     found = cycles(import_graph(modules()))
     assert not found, "import loops: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_the_config_offers_exactly_the_registered_proposer_kinds() -> None:
+    """The config's choice list (and the CLI's, built from it) names the registry's kinds, no more, no fewer."""
+    from typing import get_args
+
+    from whale_ray.config import HarnessPhaseConfig
+    from whale_ray.proposers.registry import PROPOSER_KINDS
+
+    assert get_args(HarnessPhaseConfig.model_fields["proposer"].annotation) == PROPOSER_KINDS

@@ -86,7 +86,6 @@ class WeightPhaseConfig(_Strict):
         return self.use_gpu if self.release_workers is None else self.release_workers
 
 
-PROPOSER_KIND_NAMES = ("offline", "llm", "agent-cli")
 
 
 class ModelPrice(_Strict):
@@ -134,7 +133,7 @@ class AgentCLIConfig(_Strict):
 
 class HarnessPhaseConfig(_Strict):
     candidates_per_iteration: int = Field(3, gt=0)  # M
-    proposer: Literal["offline", "llm", "agent-cli"] = "offline"
+    proposer: Literal["offline", "llm", "agent-cli"] = "offline"  # = proposers.registry.PROPOSER_KINDS (tested)
     rollouts_per_example: int = Field(1, gt=0)
     noise_margin: float = Field(0.0, ge=0)
     # offline: "archive" never re-proposes code any candidate had; "weight_version" may re-propose code that
