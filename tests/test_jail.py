@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_redteam import slots_held_elsewhere
 from whale_ray.archive import Archive
 from whale_ray.config import HarnessPhaseConfig
 from whale_ray.proposers.agent_cli import AgentCLIProposer
@@ -93,24 +94,6 @@ def test_agent_jail_has_the_sandbox_layers(tmp_path, network):
     deadline = time.monotonic() + 3  # a process killed at teardown may take a moment to be reaped
     while _uids_of_processes(r["uid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _uids_of_processes(r["uid"]) == [] or r["uid"] in _slots_held_elsewhere()
+    assert _uids_of_processes(r["uid"]) == [] or r["uid"] in slots_held_elsewhere()
 
 
-def _slots_held_elsewhere() -> set[int]:
-    """Slot uids another process on this shared machine holds right now (its flock): not our leftovers."""
-    import fcntl
-
-    from whale_ray.sandbox.runner import UID_POOL
-
-    held = set()
-    d = UID_POOL._lock_dir()
-    for name in os.listdir(d) if d else []:
-        fd = os.open(os.path.join(d, name), os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError:
-            held.add(int(name))
-        finally:
-            os.close(fd)
-    return held

@@ -86,7 +86,8 @@ def _mounts() -> tuple[str | None, dict[str, str]]:
     return v2, v1
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (it may belong to another user)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -166,7 +167,7 @@ class CgroupLayer:
                 continue
             for name in names:
                 parts = name.split("-")
-                if len(parts) == 4 and parts[0] == "ep" and parts[1].isdigit() and not _alive(int(parts[1])):
+                if len(parts) == 4 and parts[0] == "ep" and parts[1].isdigit() and not alive(int(parts[1])):
                     EpisodeCgroup(self, {"x": os.path.join(root, name)}).remove()
 
 
@@ -208,7 +209,7 @@ class EpisodeCgroup:
                 except ProcessLookupError:
                     pass  # exited meanwhile
                 except OSError as e:
-                    if _alive(pid):
+                    if alive(pid):
                         raise
                     del e
                 moved.add(pid)

@@ -103,12 +103,10 @@ def _interpreter_flags() -> tuple[str, ...]:
     return ("-I", "-S")
 
 
-def _traversable_by_others(path: str) -> bool:
-    """True when an unrelated uid can reach `path` (o+x on every ancestor, o+rx on the directory)."""
+def reachable_by_others(path: str) -> bool:
+    """True when an unrelated uid may search every ancestor of `path` (o+x), so it can reach `path`."""
     p = os.path.abspath(path)
     try:
-        if (os.stat(p).st_mode & 0o005) != 0o005:
-            return False
         while True:
             parent = os.path.dirname(p)
             if parent == p:
@@ -118,6 +116,16 @@ def _traversable_by_others(path: str) -> bool:
             p = parent
     except OSError:
         return False
+
+
+def _traversable_by_others(path: str) -> bool:
+    """True when an unrelated uid can reach `path` (o+x on every ancestor, o+rx on the directory)."""
+    try:
+        if (os.stat(path).st_mode & 0o005) != 0o005:
+            return False
+    except OSError:
+        return False
+    return reachable_by_others(path)
 
 
 def _link_or_copy(src: str, dst: str) -> None:

@@ -92,7 +92,7 @@ class CommandJail:
         return out
 
     def _bind(self, flag: str, src: str, dest: str) -> list[str]:
-        if self.uid is None or _reachable(src) or not os.path.exists(src):
+        if self.uid is None or isolation.reachable_by_others(src) or not os.path.exists(src):
             return [flag, src, dest]
         # bwrap runs as the slot uid and must walk to its sources: one under a 0700 parent (a run directory
         # in a private tree) is first bound, by root, at a path it can reach (detached in close()).
@@ -171,18 +171,3 @@ class CommandJail:
         if self._shim_dir is not None:
             rmtree(self._shim_dir)
             self._shim_dir = None
-
-
-def _reachable(path: str) -> bool:
-    """Can an unrelated uid reach `path` (search on every ancestor)?"""
-    p = os.path.abspath(path)
-    try:
-        while True:
-            parent = os.path.dirname(p)
-            if parent == p:
-                return True
-            if not os.stat(parent).st_mode & 0o001:
-                return False
-            p = parent
-    except OSError:
-        return False

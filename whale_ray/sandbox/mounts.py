@@ -24,6 +24,7 @@ import threading
 from typing import Any, Callable
 
 from whale_ray.sandbox import isolation
+from whale_ray.sandbox.cgroup import alive
 
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
 _MNT_DETACH = 2
@@ -118,13 +119,6 @@ def _remove(path: str) -> None:
         rmtree(path)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -146,7 +140,7 @@ def sweep_stale() -> None:
         if p.startswith(root):
             episode = p[: p.index("/", len(root)) if "/" in p[len(root):] else len(p)]
             pid = episode[len(root):].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not alive(int(pid)):
                 detach(p)
                 stale.add(episode)
     for episode in stale:
