@@ -57,7 +57,7 @@ class Coordinator:
         self.trainer = None
         if schedule_trains:
             self.trainer = Trainer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
-                base_model, cfg.weight.model_dump(), str(run.root / "trainer"), seed=cfg.seed,
+                base_model, cfg.weight, str(run.root / "trainer"), seed=cfg.seed,
                 resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu))
             if state.checkpoint:
                 ray.get(self.trainer.load_checkpoint.remote(str(run.root / state.checkpoint)))
@@ -87,8 +87,8 @@ class Coordinator:
 class CoordinatorActor:
     """The design card's Coordinator actor: run() works in one thread while snapshot() answers the driver."""
 
-    def __init__(self, cfg: dict[str, Any], base_model: str):
-        self._coordinator = Coordinator(WhaleConfig.model_validate(cfg), base_model)
+    def __init__(self, cfg: WhaleConfig, base_model: str):
+        self._coordinator = Coordinator(cfg, base_model)
 
     def run(self) -> list[dict[str, Any]]:
         return [r.model_dump() for r in self._coordinator.run()]

@@ -69,9 +69,9 @@ class EpisodeRunner:
 
 @ray.remote(max_concurrency=64)
 class SandboxEvaluator:
-    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: dict[str, Any],
+    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: SandboxConfig,
                  services: dict[str, Any] | None = None):
-        cfg = SandboxConfig.model_validate(sandbox)
+        cfg = sandbox
 
         def generate(messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
             return ray.get(policy.generate.remote(messages, sampling))
@@ -100,7 +100,7 @@ class EvaluatorPool:
         while len(self._actors) < n:
             self._actors.append(
                 SandboxEvaluator.options(**self._resources, scheduling_strategy=CLUSTER).remote(
-                    self._domain, self._policy, self._cfg.model_dump(), self._services)
+                    self._domain, self._policy, self._cfg, self._services)
             )
         for actor in self._actors[n:]:
             ray.kill(actor)

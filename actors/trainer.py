@@ -45,8 +45,7 @@ START_TIMEOUT_S = 600.0  # waiting for the workers to be placed and to load the 
 POLL_S = 1.0
 
 
-def _learner_kwargs(cfg: dict[str, Any], seed: int, max_len: int | None) -> dict[str, Any]:
-    w = WeightPhaseConfig.model_validate(cfg)
+def _learner_kwargs(w: WeightPhaseConfig, seed: int, max_len: int | None) -> dict[str, Any]:
     return {"lr": w.learning_rate, "micro_batch": w.micro_batch, "epochs_per_step": w.sft_epochs_per_step,
             "seed": seed, "max_len": max_len}
 
@@ -70,10 +69,10 @@ def _check_checkpoint(path: Path) -> None:
 class LocalTrainer:
     """The Trainer's API on one in-process RSFTLearner (no Ray)."""
 
-    def __init__(self, model_path: str, cfg: dict, checkpoint_dir: str, *, seed: int = 0, device: str | None = None,
-                 max_len: int | None = None) -> None:
+    def __init__(self, model_path: str, cfg: WeightPhaseConfig, checkpoint_dir: str, *, seed: int = 0,
+                 device: str | None = None, max_len: int | None = None) -> None:
         self.checkpoint_dir = Path(checkpoint_dir)
-        device = device or ("cuda" if WeightPhaseConfig.model_validate(cfg).use_gpu else "cpu")
+        device = device or ("cuda" if cfg.use_gpu else "cpu")
         self.learner = RSFTLearner(model_path, device=device, **_learner_kwargs(cfg, seed, max_len))
 
     def version(self) -> int:
@@ -246,12 +245,12 @@ class Trainer:
     The weight version is the learner's step: +1 for every `train_step` that trained, restored by
     `load_checkpoint`. Paths should be absolute (workers run in their own directories)."""
 
-    def __init__(self, model_path: str, cfg: dict, checkpoint_dir: str, *, seed: int = 0,
+    def __init__(self, model_path: str, cfg: WeightPhaseConfig, checkpoint_dir: str, *, seed: int = 0,
                  resources_per_worker: dict[str, float] | None = None, max_len: int | None = None) -> None:
         from ray.train import ScalingConfig
         from ray.train.torch import TorchConfig
 
-        w = WeightPhaseConfig.model_validate(cfg)
+        w = cfg
         self.checkpoint_dir = Path(checkpoint_dir).resolve()
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         resources = dict(resources_per_worker or {"CPU": DEFAULT_CPUS_PER_WORKER})

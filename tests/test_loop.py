@@ -91,7 +91,7 @@ class Trainer:
         self.version = int((Path(path) / "version").read_text())
 
     def release_workers(self):
-        pass
+        self.released = getattr(self, "released", 0) + 1
 
 
 class Proposer:
@@ -264,3 +264,21 @@ def resumed_trainer(cfg) -> Trainer:
     if state is not None and state.checkpoint:
         trainer.load_checkpoint(cfg.run_dir / state.checkpoint)
     return trainer
+
+
+@pytest.mark.parametrize("release, expected", [(None, 0), (True, 2), (False, 0)])
+def test_trainer_workers_are_released_after_each_weight_phase_when_asked(release, expected, tmp_path):
+    cfg = small_config(tmp_path / "run", condition="whale", weight__release_workers=release)  # CPU: None is off
+    loop, roles = make_loop(cfg)
+    loop.run()
+    assert getattr(roles.trainer, "released", 0) == expected
+
+
+def test_the_report_names_the_runs_k(tmp_path):
+    from whale_ray.report import markdown_table, write_report
+
+    cfg = small_config(tmp_path / "run", condition="mh_only", eval__test_samples=3)
+    history = make_loop(cfg)[0].run()
+    assert "test mean@3" in markdown_table(history) and "mean@8" not in markdown_table(history)
+    summary = (write_report(cfg.run_dir, RunState.load(cfg.run_dir)) / "summary.md").read_text()
+    assert "mean@3" in summary and "mean@8" not in summary

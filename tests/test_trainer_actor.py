@@ -10,8 +10,9 @@ import ray
 import torch
 
 from actors.trainer import LocalTrainer, Trainer
+from whale_ray.config import WeightPhaseConfig
 
-CFG = {"learning_rate": 1e-2, "micro_batch": 2, "sft_epochs_per_step": 1, "num_workers": 1}
+CFG = WeightPhaseConfig(learning_rate=1e-2, micro_batch=2, sft_epochs_per_step=1, num_workers=1)
 EXAMPLES = [([1, 2, 3], [4, 5, 6, 7]), ([8, 9], [10, 11]), ([12], [13, 14, 15, 16, 17]), ([3, 3, 3], [7])]
 MORE = [([5, 6, 7], [8, 9]), ([10], [11, 12, 13])]
 
@@ -125,7 +126,7 @@ def test_release_workers_then_continue(trainer):
 
 
 def test_two_workers_match_one_process_and_leave_nothing_behind(cluster, tiny_model, tmp_path):
-    cfg = {**CFG, "num_workers": 2}
+    cfg = CFG.model_copy(update={"num_workers": 2})
     local = LocalTrainer(str(tiny_model), cfg, str(tmp_path / "local"))
     ddp = Trainer.remote(str(tiny_model), cfg, str(tmp_path / "ddp"))
     try:

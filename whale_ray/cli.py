@@ -303,7 +303,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from whale_ray.report import cycle_table, ledger_lines, mean_at, metrics_table, write_report
     from whale_ray.run_state import CycleRow, RunState
 
-    coordinator = CoordinatorActor.remote(cfg.model_dump(mode="json"), model)
+    coordinator = CoordinatorActor.remote(cfg, model)
     try:
         watch(coordinator, coordinator.run.remote())
     finally:
