@@ -265,7 +265,7 @@ def test_bad_frames_from_a_real_sandboxed_child(case, data, expected):
     r = run_episode(RAW_HARNESS, task, generate=generate, tools_path=None, host_tools={"lookup": lookup},
                     limits=SandboxLimits(wall_s=10), seed=1)
     assert r.status == expected, (case, r.status, r.reason)
-    assert r.reason and r.wall_s < 8  # decided on the frame, not at the deadline
+    assert r.reason and "wall-clock" not in r.reason  # decided on the frame, not at the deadline
 
 
 def test_zz_report_case_count():
