@@ -10,8 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from whale_ray.records import EpisodeResult, ModelCall, Rollout, Task, rollouts_to_table
-from whale_ray.rsft import InvalidExamples, RSFTLearner, accepted_examples, collate, completion_nll, truncate
+from whale_ray.rsft import InvalidExamples, RSFTLearner, collate, completion_nll, truncate
 
 EXAMPLES = [([1, 2, 3], [4, 5, 6, 7]), ([8, 9], [10, 11]), ([12], [13, 14, 15, 16, 17]), ([3, 3, 3, 3, 3], [7])]
 
@@ -143,25 +142,3 @@ def test_out_of_vocabulary_ids_are_rejected_before_any_change(tiny_model):
 
 
 # ------------------------------------------------------------------------------------ acceptance
-def _rollout(reward: float, status: str, calls: list[tuple[list[int], list[int]]]) -> Rollout:
-    ep = EpisodeResult(
-        status=status, reason="", answer="1", events=[], wall_s=0.1,
-        calls=[ModelCall(messages=[], text="", prompt_ids=p, completion_ids=c, logprobs=[0.0] * len(c),
-                         weight_version=0, finish_reason="stop") for p, c in calls])
-    return Rollout.from_episode(ep, phase="weight", cycle=0, harness_id="h0", task=Task("t", "q", "1"),
-                                sample=0, seed=0, weight_version=0, reward=reward)
-
-
-def test_accepted_examples_keeps_rewarded_calls_from_records_rows_and_tables():
-    rollouts = [
-        _rollout(1.0, "ok", [([1, 2], [3]), ([1, 2, 3, 9], [4, 5])]),  # two-turn accepted episode
-        _rollout(0.0, "ok", [([7], [8])]),
-        _rollout(1.0, "timeout", [([7], [8])]),
-        _rollout(1.0, "ok", [([6], [])]),  # nothing to learn from
-    ]
-    want = [([1, 2], [3]), ([1, 2, 3, 9], [4, 5])]
-    assert accepted_examples(rollouts) == want
-    table = rollouts_to_table(rollouts)
-    assert accepted_examples(table) == want
-    assert accepted_examples(table.to_pylist()) == want
-    assert accepted_examples([]) == []

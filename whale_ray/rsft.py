@@ -1,7 +1,7 @@
 """Online rejection-sampling fine-tuning (RSFT): the weight-phase learner. Plain PyTorch, no Ray.
 
-An accepted model call is an `SFTExample`: `(prompt_ids, completion_ids)`. A multi-turn accepted episode
-gives one example per model call; tool outputs and observations only ever appear inside later prompts,
+An accepted model call is an `SFTExample`: `(prompt_ids, completion_ids)`. Which calls of an accepted
+episode train is `accepted_calls`' rule (a losing vote does not); each gives one example; tool outputs and observations only ever appear inside later prompts,
 so masking every prompt token masks them too. The loss is the mean negative log-likelihood over all
 completion tokens of a step (a token mean over the whole step, not a mean of per-example means).
 
@@ -21,7 +21,7 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,28 +46,6 @@ TOKENIZER_FILES = (
 
 
 # ---------------------------------------------------------------------------------------------- data
-def _field(obj: Any, name: str, default: Any = None) -> Any:
-    return obj.get(name, default) if isinstance(obj, dict) else getattr(obj, name, default)
-
-
-def accepted_examples(rollouts: Iterable[Any]) -> list[SFTExample]:
-    """The SFT examples of the accepted rollouts: reward == 1 and status "ok", one per model call.
-
-    `rollouts` holds `records.Rollout`s, rows (dicts) of the rollout table, or is a `pyarrow.Table`.
-    Calls with an empty completion carry no training signal and are left out."""
-    if hasattr(rollouts, "to_pylist"):  # a pyarrow Table
-        rollouts = rollouts.to_pylist()
-    out: list[SFTExample] = []
-    for r in rollouts:
-        if _field(r, "reward") != 1 or _field(r, "status", "ok") != "ok":
-            continue
-        for call in _field(r, "calls") or []:
-            completion = list(_field(call, "completion_ids") or [])
-            if completion:
-                out.append((list(_field(call, "prompt_ids") or []), completion))
-    return out
-
-
 def conversations(calls: list[dict[str, Any]]) -> list[list[int]]:
     """The model calls of one episode (trace entries: "messages", "completion") as conversations: index
     chains from a first call to a last one. Call j continues call i when j's messages begin with i's and
