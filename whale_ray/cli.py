@@ -200,13 +200,9 @@ CONNECT_TIMEOUT_S = 30.0  # ray.init against an address where nothing answers wo
 def start_ray(address: str | None) -> None:
     import logging
 
-    address = address or os.environ.get("RAY_ADDRESS")
-    if not address:
-        # A new local cluster turns on Ray's token authentication by default and warns about it on every
-        # run; saying so explicitly (before Ray reads it) keeps it on without the warning. A user's own
-        # RAY_AUTH_MODE wins.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
     import ray
+
+    address = address or os.environ.get("RAY_ADDRESS")
 
     if address:
         check_reachable(address)
@@ -219,6 +215,11 @@ def start_ray(address: str | None) -> None:
         finally:
             watchdog.cancel()
     else:
+        # A new local cluster turns Ray's token authentication on by default and says so on every run; the
+        # mode is Ray's own choice (RAY_AUTH_MODE still decides), only the notice is not repeated. Setting the
+        # mode here instead would be too late: Ray reads it at import, and a GCS started with another mode
+        # than its driver's refuses the driver.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         # Logical CPUs above the core count: generation, training and sandboxes take turns, not all at once.
         ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, logging_level=logging.WARNING,
                  log_to_driver=False)
