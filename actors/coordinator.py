@@ -6,6 +6,7 @@ for results, except for weights, which travel from the Trainer to the PolicyServ
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import ray
@@ -20,6 +21,8 @@ from whale_ray.loop import Roles, RunDirectory, WhaleLoop
 from whale_ray.proposers.registry import proposer_options
 from whale_ray.resources import check_cluster, trainer_bundle
 from whale_ray.run_state import CycleRow
+
+log = logging.getLogger(__name__)
 
 
 class _Remote:
@@ -68,7 +71,12 @@ class Coordinator:
         self.loop = WhaleLoop(cfg, roles, run, domain, splits)
 
     def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
-        return self.loop.run(on_cycle)
+        """Runs (or resumes) the schedule; however it ends, the run's actors and their CPUs/GPUs are given
+        back at once (the next trial of a sweep, or the next run of this process, needs them)."""
+        try:
+            return self.loop.run(on_cycle)
+        finally:
+            self.shutdown()
 
     def snapshot(self) -> dict[str, Any]:
         state = self.loop.state
@@ -77,7 +85,13 @@ class Coordinator:
                 "best": state.best.model_dump() if state.best else None}
 
     def shutdown(self) -> None:
-        """Ends the run's actors (a finished run's, or one a test stops)."""
+        """Ends the run's actors. The Trainer first ends its Ray Train run, whose workers' placement group a
+        plain kill of the Trainer would leave reserved. Idempotent."""
+        if self.trainer is not None:
+            try:
+                ray.get(self.trainer.shutdown.remote(), timeout=120)
+            except (ray.exceptions.RayError, TimeoutError) as e:  # already dead, or stuck: killed below
+                log.warning("Trainer shutdown: %s", e)
         for actor in [self.policy, self.proposer, self.trainer, *self.pool.actors, *self.services.values()]:
             if isinstance(actor, ray.actor.ActorHandle):
                 ray.kill(actor)
