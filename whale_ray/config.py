@@ -297,6 +297,17 @@ class WhaleConfig(_Strict):
         return v
 
 
+def dotted_keys(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config tree as {"section.key": value}, the shape of CLI overrides (an empty section is a value)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(dotted_keys(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for p in parents:

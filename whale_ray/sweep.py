@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from whale_ray.config import ConfigError, WhaleConfig, load_config
+from whale_ray.config import ConfigError, WhaleConfig, dotted_keys, load_config
 
 
 class SweepConfig(BaseModel):
@@ -33,19 +33,9 @@ def load_sweep(path: Path) -> SweepConfig:
 def trial_config(sweep: SweepConfig, point: tuple[float, int], root: Path) -> WhaleConfig:
     E, I = point
     flat = {"E": E, "I": I, "run_dir": str(root / f"E{E:g}-I{I}")}
-    cfg = load_config(None, {**_flatten(sweep.base), **flat})
+    cfg = load_config(None, {**dotted_keys(sweep.base), **flat})
     cfg.run_dir = Path(cfg.run_dir).resolve()
     return cfg
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _trial(params: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from whale_ray.config import ConfigError, WhaleConfig, dump_config, load_recorded_config
+from whale_ray.config import ConfigError, WhaleConfig, dotted_keys, dump_config, load_recorded_config
 from whale_ray.records import Rollout, rollouts_to_table
 from whale_ray.run_state import Evaluation, RolloutFile, RolloutPhase, RunState
 from whale_ray.storage import atomic_write_text
@@ -63,10 +63,10 @@ class RunDirectory:
         if not path.is_file():
             return []
         try:
-            recorded = _flat(load_recorded_config(path).model_dump(mode="json"))
+            recorded = dotted_keys(load_recorded_config(path).model_dump(mode="json"))
         except ConfigError as e:
             return [f"config.yaml no longer loads ({e})"]
-        given = _flat(cfg.model_dump(mode="json"))
+        given = dotted_keys(cfg.model_dump(mode="json"))
         return [f"{k}: {recorded.get(k)!r} -> {given.get(k)!r}" for k in sorted(set(recorded) | set(given))
                 if recorded.get(k) != given.get(k)]
 
@@ -156,13 +156,3 @@ class RunDirectory:
         for path in (self.root / "checkpoints").glob("v*"):
             if self.relative(path) not in keep:
                 shutil.rmtree(path, ignore_errors=True)
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
