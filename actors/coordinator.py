@@ -21,6 +21,7 @@ from whale_ray.loop import Roles, RunDirectory, WhaleLoop
 from whale_ray.proposers.registry import proposer_options
 from whale_ray.resources import check_cluster, trainer_bundle
 from whale_ray.run_state import CycleRow
+from whale_ray.schedules import has_phase
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ class _Remote:
 class Coordinator:
     def __init__(self, cfg: WhaleConfig, base_model: str):
         self.cfg = cfg
-        schedule_trains = WhaleLoop.schedule_has(cfg, "weight")
+        schedule_trains = has_phase(cfg, "weight")
         check_cluster(cfg, schedule_trains)  # a role no node can hold is an error now, not an actor pending for ever
         run = RunDirectory(cfg.run_dir)
         domain = get_domain(cfg.domain)

@@ -18,7 +18,7 @@ import yaml
 
 from whale_ray.config import WhaleConfig, load_config
 from whale_ray.resources import infeasible, resolve_run_dir, role_demands, storage_root
-from whale_ray.schedules import plan
+from whale_ray.schedules import has_phase
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = REPO / "cluster"
@@ -188,7 +188,7 @@ def test_groups_hold_the_roles_of_the_config(name):
     assert gpu and cpu
     assert all(g["min"] < g["max"] for g in cpu)  # the evaluators' group autoscales
     assert pods(doc)[0]["params"]["num-cpus"] == "0"  # no actor on the head
-    trains = any(p.kind == "weight" for phases in plan(cfg) for p in phases)
+    trains = has_phase(cfg, "weight")
     assert infeasible(role_demands(cfg, trains), nodes_at_min(doc)) is None
     # evaluators land only where their custom resource is: the CPU group
     for key in cfg.resources.evaluator.resources:

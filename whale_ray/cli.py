@@ -288,14 +288,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     import ray
 
     from whale_ray.resources import check_cluster
-    from whale_ray.schedules import plan
+    from whale_ray.schedules import has_phase
 
     try:
         check_inputs(cfg)
         if not remote:
             start_ray(None)
         # before any actor and the policy build (minutes): a role no node can hold would wait for ever
-        check_cluster(cfg, any(p.kind == "weight" for phases in plan(cfg) for p in phases))
+        check_cluster(cfg, has_phase(cfg, "weight"))
         model = base_model(cfg)
     except BaseException:
         ray.shutdown()

@@ -39,6 +39,11 @@ def plan(cfg: WhaleConfig) -> list[list[Phase]]:
     raise ValueError(f"unknown condition {cfg.condition!r}")
 
 
+def has_phase(cfg: WhaleConfig, kind: str) -> bool:
+    """Whether the run's schedule holds a phase of `kind` ("weight": the run needs a Trainer)."""
+    return any(phase.kind == kind for phases in plan(cfg) for phase in phases)
+
+
 def weight_phase_should_stop(epochs_done: float, step_rewards: list[float], rules: AdaptiveConfig) -> bool:
     """Adaptive weight phase: after the minimum, stop once the sliding-window mean training reward
     has not improved on the best earlier window for a whole window of steps. Training signal only."""

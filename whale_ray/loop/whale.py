@@ -46,10 +46,6 @@ class WhaleLoop:
     def state(self):
         return self.ctx.run.state
 
-    @staticmethod
-    def schedule_has(cfg: WhaleConfig, kind: str) -> bool:
-        return any(phase.kind == kind for phases in plan(cfg) for phase in phases)
-
     def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
         """Runs (or resumes) the schedule; `on_cycle` sees each cycle's row as it is recorded."""
         if not self.state.history:
