@@ -7,6 +7,8 @@
     whale doctor                    which sandbox layers this machine supports
     whale build-policy --domain search_qa --device cuda    fill the embedded-policy cache ahead of a run
     whale status runs/x             where a run stands, from its run directory alone
+    whale report runs/x             runs/x/report/index.html (also written at the end of every run)
+    whale compare runs/study        one table per condition over seeds, plots and a page: runs/study/compare/
 """
 
 from __future__ import annotations
@@ -115,6 +117,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     status = sub.add_parser("status", help="where a run stands (cycle, phase, rollouts, best, last events), "
                                            "read from its run directory")
     status.add_argument("run_dir", type=Path, help="the run directory")
+    report = sub.add_parser("report", help="write RUN_DIR/report/ (summary.md, curves.png, index.html: one "
+                                           "self-contained page), as every run does at its end")
+    report.add_argument("run_dir", type=Path, help="the run directory")
+    compare = sub.add_parser("compare", help="runs side by side, a row per condition (mean ± std over seeds), "
+                                             "with plots, markdown, CSV and an HTML page")
+    compare.add_argument("dirs", type=Path, nargs="+", help="run directories, or folders of them (a study root)")
+    compare.add_argument("--out", type=Path, help="where to write (default: DIR/compare for one DIR, else ./compare)")
     build = sub.add_parser("build-policy", help="build (or find) the embedded tiny policy of a domain in the cache")
     build.add_argument("--domain", default=default("domain"), help=helps("the domain", "domain"))
     build.add_argument("--device", default="cpu", help="where to run the warm-start (cpu, cuda; default cpu)")
@@ -382,6 +391,34 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from whale_ray.report import ReportError, write_report
+
+    try:
+        out = write_report(args.run_dir)
+    except ReportError as e:
+        raise InputError(str(e)) from None
+    console.print(f"report: {out / 'index.html'}  (and summary.md, curves.png)", highlight=False)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from whale_ray.compare import CompareError, caption, compare, default_out, load_runs, table, write_comparison
+
+    try:
+        runs, notes = load_runs(args.dirs)
+    except CompareError as e:
+        raise InputError(str(e)) from None
+    result = compare(runs, notes)
+    out = write_comparison(result, args.out or default_out(args.dirs))
+    console.print(table(result).rich(f"whale compare: {result.domain}, {len(runs)} runs"))
+    for line in caption(result):
+        console.print(f"- {line}", highlight=False, markup=False)
+    console.print(f"written: {out}/ (compare.md, compare.csv, runs.csv, compare.png, chain.png, index.html)",
+                  highlight=False)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -395,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_build_policy(args)
         if args.command == "status":
             return cmd_status(args)
+        if args.command == "report":
+            return cmd_report(args)
+        if args.command == "compare":
+            return cmd_compare(args)
     except (ConfigError, InputError, ResourceError) as e:
         console.print(f"[red]whale: error:[/red] {e}", highlight=False, soft_wrap=True)  # one line, however long
         return 2

@@ -1,13 +1,12 @@
-"""The run's summary: a table per cycle, the two ledgers, and a plot of the curves."""
+"""The run's summary as text: a table per cycle, the D_test metrics, the two ledgers (terminal and markdown)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from rich.table import Table
 
 from whale_ray.run_state import CycleRow, RunState
-from whale_ray.storage import atomic_write_text
 
 COLUMNS = (
     ("cycle", "cycle"), ("phases", "phases"), ("weight_rollouts", "weight rollouts"),
@@ -49,16 +48,41 @@ def _metrics_text(row: CycleRow) -> str:
     return "".join(f", {k.replace('_', ' ')} {v:.3f}" for k, v in shown.items())
 
 
-def metrics_table(rows: list[CycleRow]) -> str:
+@dataclass
+class Grid:
+    """A table as text cells, for markdown and the HTML pages; columns in `left` are left-aligned."""
+
+    headers: list[str]
+    rows: list[list[str]]
+    left: set[int] = field(default_factory=set)
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.headers) + " |", "|" + "---|" * len(self.headers)]
+        return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in self.rows])
+
+    def rich(self, title: str) -> Table:
+        from rich.markup import escape  # "[paper]" is a header, not markup
+
+        table = Table(title=escape(title))
+        for i, header in enumerate(self.headers):
+            table.add_column(escape(header), justify="left" if i in self.left else "right")
+        for row in self.rows:
+            table.add_row(*map(escape, row))
+        return table
+
+
+def metrics_grid(rows: list[CycleRow]) -> Grid | None:
     """D_test of (θ*, h*) beyond mean@k, one row per cycle: truncation rate, domain metrics, per-group means."""
     keys = sorted({k for r in rows for k in r.test_metrics}, key=lambda k: (k.startswith("group:"), k))
     if not keys:
-        return ""
-    lines = [f"| cycle | test {mean_at(rows)} | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
-             "|" + "---|" * (len(keys) + 2)]
-    lines += [f"| {r.cycle} | {_cell(r.test_mean8)} | " + " | ".join(_cell(r.test_metrics.get(k)) for k in keys) + " |"
-              for r in rows]
-    return "\n".join(lines)
+        return None
+    return Grid(["cycle", f"test {mean_at(rows)}", *(k.replace("_", " ") for k in keys)],
+                [[str(r.cycle), _cell(r.test_mean8), *(_cell(r.test_metrics.get(k)) for k in keys)] for r in rows])
+
+
+def metrics_table(rows: list[CycleRow]) -> str:
+    grid = metrics_grid(rows)
+    return grid.markdown() if grid else ""
 
 
 def cycle_table(rows: list[CycleRow], title: str = "WHALE run") -> Table:
@@ -70,10 +94,13 @@ def cycle_table(rows: list[CycleRow], title: str = "WHALE run") -> Table:
     return table
 
 
+def cycle_grid(rows: list[CycleRow]) -> Grid:
+    return Grid(_headers(rows), [[_cell(getattr(r, k), k) for k, _ in COLUMNS] for r in rows],
+                left={i for i, (k, _) in enumerate(COLUMNS) if k in ("phases", "accepted_harness", "best")})
+
+
 def markdown_table(rows: list[CycleRow]) -> str:
-    lines = ["| " + " | ".join(_headers(rows)) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_cell(getattr(r, k), k) for k, _ in COLUMNS) + " |" for r in rows]
-    return "\n".join(lines)
+    return cycle_grid(rows).markdown()
 
 
 def ledger_lines(state: RunState) -> list[str]:
@@ -106,41 +133,3 @@ def proposer_ledger_lines(state: RunState) -> list[str]:
     if led.proposer_stop:
         lines.append(f"harness search stopped by the proposer budget: {led.proposer_stop}")
     return lines
-
-
-def write_report(run_dir: Path, state: RunState) -> Path:
-    """report/summary.md and report/curves.png; returns the report folder."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(run_dir) / "report"
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = metrics_table(state.history)
-    text = "\n".join(["# WHALE run summary", "", markdown_table(state.history), "",
-                      *([f"D_test beyond {mean_at(state.history)} (θ*, h*):", "", metrics, ""] if metrics else []),
-                      *(f"- {line}" for line in ledger_lines(state)), ""])
-    atomic_write_text(out / "summary.md", text)
-
-    if state.history:
-        cycles = [r.cycle for r in state.history]
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot(cycles, [r.test_mean8 for r in state.history], marker="o", label=f"test {mean_at(state.history)} (θ*, h*)")
-        ax.plot(cycles, [r.val for r in state.history], marker="s", label="val (current θ, h)")
-        train = [(r.cycle, r.train_reward) for r in state.history if r.train_reward is not None]
-        if train:
-            ax.plot(*zip(*train), marker="^", label="training reward")
-        succ = [(r.cycle, r.harness_success) for r in state.history if r.harness_success is not None]
-        if succ:
-            ax.plot(*zip(*succ), marker="x", label="accepted h on D_harness")
-        ax.set_xticks(cycles)
-        ax.set_xlabel("cycle (0 = start)")
-        ax.set_ylabel("success")
-        ax.set_ylim(0, 1)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / "curves.png", dpi=120)
-        plt.close(fig)
-    return out
