@@ -2,6 +2,15 @@
 
 The loop is library code handed its roles; here each role is a Ray actor behind a thin adapter that waits
 for results, except for weights, which travel from the Trainer to the PolicyServer as an object ref.
+
+Faults, in two layers (each written to `<run_dir>/events.jsonl`):
+1. absorbed where they happen: the pool redoes the episodes of a lost evaluator or node and replaces it
+   (actors/evaluator_pool.py); Ray restarts the PolicyServer, the Trainer and the Retriever and sends their
+   calls in flight again, and they come back at the latest weights (actors/policy_server.py, trainer.py);
+   the Trainer starts a new Ray Train run after a lost worker and takes the step again.
+2. anything else that kills a role mid-call (restarts used up, a Trainer back at an older version): the
+   run goes back to its last commit and goes on in the same launch, with every actor started afresh,
+   exactly as a relaunch would resume it: nothing is lost and nothing counted twice.
 """
 
 from __future__ import annotations
@@ -10,20 +19,25 @@ import logging
 from typing import Any, Callable
 
 import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
 
+from actors.evaluator_pool import EvaluatorPool
 from actors.harness_proposer import HarnessProposer
 from actors.policy_server import PolicyServer
-from actors.sandbox_evaluator import CLUSTER, EvaluatorPool
-from actors.trainer import Trainer
+from actors.trainer import StaleTrainer, Trainer
 from whale_ray.config import WhaleConfig
 from whale_ray.domain import get_domain
+from whale_ray.events import EventLog
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
 from whale_ray.proposers.registry import proposer_options
-from whale_ray.resources import check_cluster, trainer_bundle
+from whale_ray.resources import Placement, RoleResources, check_cluster, trainer_bundle
 from whale_ray.run_state import CycleRow
 from whale_ray.schedules import has_phase
 
 log = logging.getLogger(__name__)
+
+# A role lost mid-call: roll back to the last commit and go on (layer 2 above).
+FAULTS = (RayActorError, ActorUnavailableError, StaleTrainer)
 
 
 class _Remote:
@@ -41,49 +55,90 @@ class _Remote:
 
 
 class Coordinator:
-    def __init__(self, cfg: WhaleConfig, base_model: str):
-        self.cfg = cfg
-        schedule_trains = has_phase(cfg, "weight")
-        check_cluster(cfg, schedule_trains)  # a role no node can hold is an error now, not an actor pending for ever
+    def __init__(self, cfg: WhaleConfig, base_model: str, placement: Placement | None = None):
+        """`placement` puts every actor of the run (default: anywhere on the cluster by its role's resources)."""
+        self.cfg, self.base_model = cfg, base_model
+        self.placement = placement or Placement()
+        self.trains = has_phase(cfg, "weight")
+        check_cluster(cfg, self.trains)  # a role no node can hold is an error now, not an actor pending for ever
+        self.events = EventLog(cfg.run_dir)
+        self.domain = get_domain(cfg.domain)
+        self.splits = self.domain.load_splits(cfg.data, cfg.seed)
+        self.recoveries = 0
+        self._start()
+
+    def _start(self) -> None:
+        """The run's actors, at the run directory's last commit, and a loop over them."""
+        cfg, place, res = self.cfg, self.placement, self.cfg.resources
         run = RunDirectory(cfg.run_dir)
-        domain = get_domain(cfg.domain)
-        splits = domain.load_splits(cfg.data, cfg.seed)
-        state = run.state
-        p = cfg.policy
-        # The PolicyServer starts at the latest weights on record, the Trainer from the same checkpoint.
-        model = str(run.root / state.checkpoint) if state.checkpoint else base_model
-        res = cfg.resources
-        self.policy = PolicyServer.options(**res.policy_server.options(), scheduling_strategy=CLUSTER).remote(
-            model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
-            version=state.weight_version, device=p.device, dtype=p.dtype, seed=cfg.seed)
-        self.services = domain.start_services(cfg, splits)
-        self.pool = EvaluatorPool(cfg.domain, self.policy, cfg.sandbox, self.services, resources=res.evaluator)
+        state, p = run.state, cfg.policy
+        restarts = {"max_restarts": cfg.faults.actor_restarts, "max_task_retries": cfg.faults.actor_restarts}
+        # The Trainer and the PolicyServer start at the latest weights on record.
+        checkpoint = str(run.root / state.checkpoint) if state.checkpoint else None
         self.trainer = None
-        if schedule_trains:
-            self.trainer = Trainer.options(num_cpus=0, scheduling_strategy=CLUSTER).remote(
-                base_model, cfg.weight, str(run.root / "trainer"), seed=cfg.seed,
-                resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu))
-            if state.checkpoint:
-                ray.get(self.trainer.load_checkpoint.remote(str(run.root / state.checkpoint)))
-        self.proposer = HarnessProposer.options(**res.proposer.options(), scheduling_strategy=CLUSTER).remote(
-            cfg.harness_phase.proposer, domain.skill_text, cfg.seed, **proposer_options(cfg.harness_phase))
+        if self.trains:
+            self.trainer = Trainer.options(**place.options("trainer", RoleResources()), **restarts).remote(
+                self.base_model, cfg.weight, str(run.root / "trainer"), seed=cfg.seed,
+                resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu), events_dir=str(run.root))
+            if checkpoint:
+                ray.get(self.trainer.load_checkpoint.remote(checkpoint))
+        self.policy = PolicyServer.options(**place.options("policy_server", res.policy_server), **restarts).remote(
+            checkpoint or self.base_model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
+            version=state.weight_version, device=p.device, dtype=p.dtype, seed=cfg.seed, **p.engine_options(),
+            weights_from=self.trainer, events_dir=str(run.root))
+        self.services = self.domain.start_services(cfg, self.splits, place)
+        reserve = {}
+        if self.trains:  # an elastic pool leaves the Trainer's workers room to start again in the next phase
+            for k, v in trainer_bundle(res, cfg.weight.use_gpu).items():
+                reserve[k] = v * cfg.weight.num_workers
+        self.pool = EvaluatorPool(cfg.domain, self.policy, cfg.sandbox, self.services, resources=res.evaluator,
+                                  placement=place, events=self.events, reserve=reserve, poll_s=cfg.faults.poll_s)
+        self.proposer = HarnessProposer.options(**place.options("proposer", res.proposer), max_restarts=0).remote(
+            cfg.harness_phase.proposer, self.domain.skill_text, cfg.seed, **proposer_options(cfg.harness_phase))
         roles = Roles(policy=_Remote(self.policy), pool=self.pool, proposer=_Remote(self.proposer),
                       trainer=_Remote(self.trainer, by_ref=("latest_weights",)) if self.trainer else None)
-        self.loop = WhaleLoop(cfg, roles, run, domain, splits)
+        self.loop = WhaleLoop(cfg, roles, run, self.domain, self.splits)
 
     def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
-        """Runs (or resumes) the schedule; however it ends, the run's actors and their CPUs/GPUs are given
-        back at once (the next trial of a sweep, or the next run of this process, needs them)."""
+        """Runs (or resumes) the schedule, riding out lost actors (see the module docstring); however it ends,
+        the run's actors and their CPUs/GPUs are given back at once (a sweep's next trial needs them)."""
         try:
-            return self.loop.run(on_cycle)
+            while True:
+                try:
+                    if self.loop is None:  # after a roll-back
+                        self._start()
+                        self.events.emit("recovered", "the run's actors are up again at the last commit",
+                                         weight_version=self.loop.state.weight_version)
+                    return self.loop.run(on_cycle)
+                except FAULTS as e:
+                    self._roll_back(e)
         finally:
             self.shutdown()
 
-    def snapshot(self) -> dict[str, Any]:
+    def _roll_back(self, fault: BaseException) -> None:
+        what = (str(fault).splitlines() or [type(fault).__name__])[0][:300]
+        where = self.loop.progress.snapshot() if self.loop is not None else {"cycle": None, "phase": "starting"}
+        self.recoveries += 1
+        if self.recoveries > self.cfg.faults.max_recoveries:
+            self.events.emit("gave_up", f"{type(fault).__name__}: {what}; {self.cfg.faults.max_recoveries} recoveries "
+                             "used up (faults.max_recoveries): the run stops here and resumes when relaunched",
+                             cycle=where["cycle"], phase=where["phase"])
+            raise fault
+        self.events.emit("rolled_back", f"{type(fault).__name__}: {what}; the run goes back to its last commit and "
+                         f"goes on with fresh actors (recovery {self.recoveries} of {self.cfg.faults.max_recoveries})",
+                         cycle=where["cycle"], phase=where["phase"], error=type(fault).__name__)
+        self.shutdown()
+        self.loop = None
+
+    def snapshot(self, events_after: int = 0) -> dict[str, Any]:
+        if self.loop is None:  # between a roll-back and the actors' new start
+            return {"progress": {"cycle": 0, "cycles": 0, "phase": "recovering", "detail": "", "done": 0, "total": 0},
+                    "history": [], "ledger": {}, "phase_wall_s": {}, "best": None,
+                    "events": self.events.since(events_after)}
         state = self.loop.state
         return {"progress": self.loop.progress.snapshot(), "history": [r.model_dump() for r in state.history],
                 "ledger": state.ledger.model_dump(), "phase_wall_s": dict(state.phase_wall_s),
-                "best": state.best.model_dump() if state.best else None}
+                "best": state.best.model_dump() if state.best else None, "events": self.events.since(events_after)}
 
     def shutdown(self) -> None:
         """Ends the run's actors. The Trainer first ends its Ray Train run, whose workers' placement group a
@@ -95,7 +150,7 @@ class Coordinator:
                 log.warning("Trainer shutdown: %s", e)
         for actor in [self.policy, self.proposer, self.trainer, *self.pool.actors, *self.services.values()]:
             if isinstance(actor, ray.actor.ActorHandle):
-                ray.kill(actor)
+                ray.kill(actor, no_restart=True)
 
 
 @ray.remote(num_cpus=0, max_concurrency=4)
@@ -108,5 +163,5 @@ class CoordinatorActor:
     def run(self) -> list[dict[str, Any]]:
         return [r.model_dump() for r in self._coordinator.run()]
 
-    def snapshot(self) -> dict[str, Any]:
-        return self._coordinator.snapshot()
+    def snapshot(self, events_after: int = 0) -> dict[str, Any]:
+        return self._coordinator.snapshot(events_after)

@@ -3,6 +3,11 @@
 A Ray actor around `whale_ray.policy.serving.PolicyService`: concurrent requests from many episodes are
 batched (by vLLM's scheduler, or gathered into one pass for the transformers engine); new weights arrive as
 an object ref from the Trainer and are loaded in place, without a restart.
+
+Restarted by Ray after a crash (the Coordinator gives it `max_restarts` and `max_task_retries`, so the
+episodes' calls in flight are sent again), it comes back serving the latest weights, not the ones it was
+first started with: it asks `weights_from` (the run's Trainer) for its version and, if that is newer, its
+weights, before it answers any call.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from typing import Any
 
 import ray
 
+from whale_ray.events import EventLog
 from whale_ray.policy.serving import PolicyService
 from whale_ray.records import ModelCall, SamplingParams
 
@@ -18,9 +24,23 @@ from whale_ray.records import ModelCall, SamplingParams
 @ray.remote
 class PolicyServer:
     def __init__(self, model_path: str, *, engine: str = "transformers", max_batch: int = 64,
-                 batch_wait_ms: float = 5.0, version: int = 0, **engine_kwargs: Any):
+                 batch_wait_ms: float = 5.0, version: int = 0, weights_from: "ray.actor.ActorHandle | None" = None,
+                 events_dir: str | None = None, **engine_kwargs: Any):
         self._service = PolicyService(model_path, engine=engine, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
                                       version=version, **engine_kwargs)
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._come_back(weights_from, EventLog(events_dir) if events_dir else None)
+
+    def _come_back(self, trainer: "ray.actor.ActorHandle | None", events: EventLog | None) -> None:
+        version = self._service.version()
+        if trainer is not None:
+            latest = ray.get(trainer.version.remote())
+            if latest != version:
+                self._service.engine.load_weights(ray.get(trainer.latest_weights.remote(latest)), latest)
+                version = latest
+        if events is not None:
+            events.emit("actor_restarted", f"the PolicyServer was restarted by Ray and serves weight version {version}",
+                        actor="PolicyServer", version=version)
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
         return await self._service.generate(messages, sampling)

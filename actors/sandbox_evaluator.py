@@ -1,11 +1,11 @@
 """SandboxEvaluator: runs episodes of a harness, each in its own sandboxed subprocess.
 
-An evaluator owns `slots` concurrent sandboxes; the pool spreads chunks of episodes over its
-evaluators and can grow or shrink between phases (elastic rollouts).
+An evaluator owns `slots` concurrent sandboxes; actors/evaluator_pool.py hands it chunks of episodes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import traceback
@@ -17,15 +17,10 @@ import ray
 from whale_ray.config import SandboxConfig
 from whale_ray.domain import get_domain
 from whale_ray.records import EpisodeJob, EpisodeResult, ModelCall, SamplingParams
-from whale_ray.resources import ResourcesConfig, RoleResources
 from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
 from whale_ray.sandbox.runner import MAX_ERROR_REASON
 
 log = logging.getLogger(__name__)
-
-# A run's actors are placed anywhere on the cluster, never inside a caller's placement group (a Tune
-# trial's, say), whose reservation was not sized for them.
-CLUSTER = "DEFAULT"
 
 
 class EpisodeRunner:
@@ -77,61 +72,12 @@ class SandboxEvaluator:
             return ray.get(policy.generate.remote(messages, sampling))
 
         self._runner = EpisodeRunner(domain, generate, SandboxLimits.from_config(cfg), cfg.slots, services)
+        self._node = ray.get_runtime_context().get_node_id()
+
+    def ready(self) -> str:
+        """The node this evaluator runs on; answering at all means it is up."""
+        return self._node
 
     def run_episodes(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[EpisodeResult]:
-        return self._runner.run_episodes(harness_source, harness_name, jobs)
-
-
-class EvaluatorPool:
-    """Spreads episodes over SandboxEvaluator actors in chunks of one evaluator's slot count."""
-
-    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: SandboxConfig,
-                 services: dict[str, Any] | None = None, resources: RoleResources | None = None):
-        """`services` are the domain's shared trusted services (Domain.start_services), given to every evaluator;
-        `resources` each evaluator's (config resources.evaluator)."""
-        self._domain, self._policy, self._cfg, self._services = domain, policy, sandbox, dict(services or {})
-        self._resources = (resources or ResourcesConfig().evaluator).options()
-        self._actors: list[ray.actor.ActorHandle] = []
-        self.resize(sandbox.evaluators)
-
-    def resize(self, n: int) -> None:
-        if n <= 0:
-            raise ValueError(f"an evaluator pool needs at least one evaluator, got {n}")
-        while len(self._actors) < n:
-            self._actors.append(
-                SandboxEvaluator.options(**self._resources, scheduling_strategy=CLUSTER).remote(
-                    self._domain, self._policy, self._cfg, self._services)
-            )
-        for actor in self._actors[n:]:
-            ray.kill(actor)
-        del self._actors[n:]
-
-    @property
-    def size(self) -> int:
-        return len(self._actors)
-
-    @property
-    def actors(self) -> list["ray.actor.ActorHandle"]:
-        return list(self._actors)
-
-    def run(self, work: list[Any], on_done: Any) -> list[list[EpisodeResult]]:
-        """Every job of every `whale_ray.loop.EpisodeWork` item, all submitted at once; `on_done(n)` per chunk."""
-        submitted = [self.submit(w.harness_source, w.harness_name, w.jobs) for w in work]
-        results: list[list[Any]] = [[None] * len(w.jobs) for w in work]
-        owner = {ref: (i, start) for i, refs in enumerate(submitted) for start, ref in refs}
-        while owner:
-            ready, _ = ray.wait(list(owner), num_returns=1)
-            i, start = owner.pop(ready[0])
-            chunk = ray.get(ready[0])
-            results[i][start:start + len(chunk)] = chunk
-            on_done(len(chunk))
-        return results
-
-    def submit(self, harness_source: str, harness_name: str, jobs: list[EpisodeJob]) -> list[tuple[int, ray.ObjectRef]]:
-        """Returns (offset of the chunk's first job, ref to its results) pairs."""
-        chunk = self._cfg.slots
-        refs = []
-        for i, start in enumerate(range(0, len(jobs), chunk)):
-            actor = self._actors[i % len(self._actors)]
-            refs.append((start, actor.run_episodes.remote(harness_source, harness_name, jobs[start:start + chunk])))
-        return refs
+        return [dataclasses.replace(ep, node=self._node)
+                for ep in self._runner.run_episodes(harness_source, harness_name, jobs)]

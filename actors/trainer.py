@@ -18,11 +18,19 @@ the weights outlive the worker that made them) and serves from `latest_weights()
 `release_workers()` saves the full state (model + optimizer) under `checkpoint_dir/live`, ends the fit
 and frees the workers' CPUs/GPUs (e.g. for the harness phase); the next call restarts from that state.
 
+Faults. Every call that depends on the learner's state names the weight version the caller expects the
+Trainer to hold (`train_step(examples, version)`: the version before the step), and a Trainer at another
+version raises `StaleTrainer` instead of training, saving or handing out the wrong weights. A Ray Train
+worker lost mid-step ends the fit: the Trainer starts a new one from its last saved state and, if that is
+the expected version, runs the step again (so no optimizer step is lost or taken twice). The actor itself,
+restarted by Ray, comes back from the last state it saved (`last_state.json` in its checkpoint_dir).
+
 `LocalTrainer` is the same API without Ray (one in-process `RSFTLearner`), for tests and small runs.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -35,6 +43,7 @@ import ray
 import torch
 
 from whale_ray.config import WeightPhaseConfig
+from whale_ray.events import EventLog
 from whale_ray.resources import ResourcesConfig
 from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
 
@@ -43,6 +52,17 @@ log = logging.getLogger(__name__)
 DEFAULT_CPUS_PER_WORKER = ResourcesConfig().trainer_worker.num_cpus  # resources.trainer_worker's default
 START_TIMEOUT_S = 600.0  # waiting for the workers to be placed and to load the model
 POLL_S = 1.0
+LAST_STATE = "last_state.json"  # {"path", "step"}: the newest full state this Trainer saved
+
+
+class StaleTrainer(RuntimeError):
+    """The Trainer holds another weight version than the caller expects (it came back from an older state):
+    the caller rolls the run back to its last commit."""
+
+
+def _check_version(have: int, want: int | None, what: str) -> None:
+    if want is not None and have != want:
+        raise StaleTrainer(f"{what}: the Trainer holds weight version {have}, the run expects {want}")
 
 
 def _learner_kwargs(w: WeightPhaseConfig, seed: int, max_len: int | None) -> dict[str, Any]:
@@ -78,15 +98,18 @@ class LocalTrainer:
     def version(self) -> int:
         return self.learner.step
 
-    def train_step(self, examples: list[SFTExample]) -> dict:
+    def train_step(self, examples: list[SFTExample], version: int | None = None) -> dict:
+        _check_version(self.learner.step, version, "train_step")
         t0 = time.perf_counter()
         metrics = self.learner.train_step(_examples(examples))
         return {**metrics, "version": self.learner.step, "wall_s": time.perf_counter() - t0}
 
-    def latest_weights(self) -> dict[str, torch.Tensor]:
+    def latest_weights(self, version: int | None = None) -> dict[str, torch.Tensor]:
+        _check_version(self.learner.step, version, "latest_weights")
         return self.learner.state_dict()
 
-    def save_checkpoint(self, path: str) -> str:
+    def save_checkpoint(self, path: str, version: int | None = None) -> str:
+        _check_version(self.learner.step, version, "save_checkpoint")
         return str(self.learner.save(path))
 
     def load_checkpoint(self, path: str) -> None:
@@ -246,7 +269,8 @@ class Trainer:
     `load_checkpoint`. Paths should be absolute (workers run in their own directories)."""
 
     def __init__(self, model_path: str, cfg: WeightPhaseConfig, checkpoint_dir: str, *, seed: int = 0,
-                 resources_per_worker: dict[str, float] | None = None, max_len: int | None = None) -> None:
+                 resources_per_worker: dict[str, float] | None = None, max_len: int | None = None,
+                 events_dir: str | None = None) -> None:
         from ray.train import ScalingConfig
         from ray.train.torch import TorchConfig
 
@@ -266,6 +290,34 @@ class Trainer:
         self._version = 0
         self._broken: str | None = None
         self._closed = False
+        self._events = EventLog(events_dir) if events_dir else None
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            self._come_back()
+
+    def _come_back(self) -> None:
+        """Restarted by Ray: resume from the newest state this Trainer saved (else the base model)."""
+        last = self.checkpoint_dir / LAST_STATE
+        where = "the base model"
+        if last.is_file():
+            saved = json.loads(last.read_text())
+            if (Path(saved["path"]) / STATE_FILE).is_file():
+                self._resume, self._version = saved["path"], int(saved["step"])
+                where = f"{saved['path']} (version {self._version})"
+        self._emit("actor_restarted", f"the Trainer was restarted by Ray and resumes from {where}", actor="Trainer",
+                   version=self._version)
+
+    def _emit(self, kind: str, message: str, **data: Any) -> None:
+        if self._events is not None:
+            self._events.emit(kind, message, **data)
+        else:
+            log.warning("%s: %s", kind, message)
+
+    def _saved(self, path: str) -> None:
+        """`path` now holds the full state at the current version: a new session or a restart starts there."""
+        self._resume = path
+        tmp = self.checkpoint_dir / (LAST_STATE + ".tmp")
+        tmp.write_text(json.dumps({"path": path, "step": self._version}))
+        tmp.replace(self.checkpoint_dir / LAST_STATE)
 
     # ---------------------------------------------------------------------------------- session
     def _start(self) -> _Session:
@@ -303,33 +355,59 @@ class Trainer:
             session.close(timeout=30)
             raise
 
+    def _call_again_on_loss(self, kind: str, *args: Any) -> dict:
+        """`_call`, and if the Ray Train run fails (a worker lost), a new run from the last saved state and the
+        same command once more, provided that state is the version the command was meant for."""
+        version = self._version
+        try:
+            return self._call(kind, *args)
+        except InvalidExamples:
+            raise
+        except Exception as e:
+            self._emit("trainer_workers_lost", f"the Ray Train run failed during {kind!r} ({self._broken}); "
+                       f"starting a new one from {self._resume or 'the base model'}", actor="Trainer", error=str(e)[:300])
+        self._broken = None
+        if self._resume is None:
+            self._weights, self._version = None, 0
+        self._start()
+        _check_version(self._version, version, f"{kind} after the Ray Train run was restarted")
+        self._emit("trainer_workers_restarted", f"a new Ray Train run is up at version {self._version}; "
+                   f"running {kind!r} again", actor="Trainer", version=self._version)
+        return self._call(kind, *args)
+
     # ------------------------------------------------------------------------------- public API
-    def train_step(self, examples: list[SFTExample]) -> dict:
-        """One RSFT step on the accepted examples; metrics include "version" (the weights' version after it)."""
+    def train_step(self, examples: list[SFTExample], version: int | None = None) -> dict:
+        """One RSFT step on the accepted examples, from weight `version`; metrics include "version" (the
+        weights' version after it)."""
+        _check_version(self._version, version, "train_step")
         if not examples:
             return _no_op_metrics(self._version)
         t0 = time.perf_counter()
         ref = ray.put(_examples(examples))
-        reply = self._call("train", ref)
+        reply = self._call_again_on_loss("train", ref)
         metrics = reply["metrics"]
         if metrics["trained"]:
             self._adopt({"weights": reply["weights"], "step": metrics["step"]})
         return {**metrics, "version": self._version, "wall_s": time.perf_counter() - t0}
 
-    def latest_weights(self) -> dict[str, torch.Tensor]:
-        """The newest state dict (CPU tensors). Pass `trainer.latest_weights.remote()` straight on to
-        `PolicyServer.load_weights.remote(ref, version)`; the driver never needs to fetch it."""
+    def latest_weights(self, version: int | None = None) -> dict[str, torch.Tensor]:
+        """The newest state dict (CPU tensors), which must be `version`. Pass `trainer.latest_weights.remote(v)`
+        straight on to `PolicyServer.load_weights.remote(ref, v)`; the driver never needs to fetch it."""
         if self._weights is None:
             self._start()
+        _check_version(self._version, version, "latest_weights")
         return self._weights
 
     def version(self) -> int:
         return self._version
 
-    def save_checkpoint(self, path: str) -> str:
-        """HF-format model (+ tokenizer files) + optimizer state + rsft_state.json; returns the path."""
+    def save_checkpoint(self, path: str, version: int | None = None) -> str:
+        """HF-format model (+ tokenizer files) + optimizer state + rsft_state.json of weight `version`;
+        returns the path."""
+        _check_version(self._version, version, "save_checkpoint")
         path = str(Path(path).resolve())
-        self._call("save", path)
+        self._call_again_on_loss("save", path)
+        self._saved(path)
         return path
 
     def load_checkpoint(self, path: str) -> None:
@@ -341,7 +419,7 @@ class Trainer:
             self._start()
         else:
             self._adopt(self._call("load", str(p)))
-        self._resume = str(p)
+        self._saved(str(p))
 
     def release_workers(self) -> None:
         """Save the full state under checkpoint_dir/live and end the Ray Train run, freeing its CPUs/GPUs.
@@ -349,8 +427,8 @@ class Trainer:
         if self._session is None:
             return
         live = str(self.checkpoint_dir / "live")
-        self._call("save", live)
-        self._resume = live
+        self._call_again_on_loss("save", live)
+        self._saved(live)
         session, self._session = self._session, None
         session.close()
 

@@ -6,9 +6,11 @@ import ray
 import torch
 
 from actors.policy_server import PolicyServer
-from actors.sandbox_evaluator import EpisodeJob, EvaluatorPool
+from actors.evaluator_pool import EvaluatorPool
+from actors.sandbox_evaluator import EpisodeJob
 from whale_ray.config import DataConfig, SandboxConfig
 from whale_ray.domain import get_domain
+from whale_ray.loop import EpisodeWork
 from whale_ray.records import SamplingParams
 
 
@@ -52,22 +54,25 @@ def test_evaluator_pool_runs_episodes_and_survives_failures(ray_cluster, tiny_po
     domain = get_domain("math_reasoning")
     tasks = domain.load_splits(DataConfig(), 0).harness[:6]
     jobs = [EpisodeJob(task=t, seed=i) for i, t in enumerate(tasks)]
+    node = ray.get_runtime_context().get_node_id()
 
-    def run(code):
-        results = []
-        for _, ref in pool.submit(code, "h.py", jobs):
-            results += ray.get(ref)
+    def run(p, code):
+        done = []
+        (results,) = p.run([EpisodeWork(code, "h.py", jobs)], done.append)
+        assert sum(done) == len(jobs)
         return results
 
-    broken = run(BROKEN)
+    broken = run(pool, BROKEN)
     assert [r.status for r in broken] == ["harness_exception"] * 6
     assert "ZeroDivisionError" in broken[0].reason
-    good = run(domain.h0_path.read_text())
+    good = run(pool, domain.h0_path.read_text())
     assert len(good) == 6 and all(r.status == "ok" for r in good)
     assert all(r.calls and r.calls[0].prompt_ids for r in good)  # recorded on the trusted side
-    pool.resize(1)
-    again = run(domain.h0_path.read_text())
+    assert {r.node for r in good} == {node}  # each result names where it ran
+    one = EvaluatorPool("math_reasoning", server, SandboxConfig(slots=4, evaluators=1))
+    again = run(one, domain.h0_path.read_text())
     # Same episode seeds, a different batching (one evaluator): every call samples the same tokens.
-    assert pool.size == 1 and [[c.completion_ids for c in r.calls] for r in again] == \
+    assert one.size == 1 and [[c.completion_ids for c in r.calls] for r in again] == \
         [[c.completion_ids for c in r.calls] for r in good]
-    ray.kill(server)
+    for actor in [server, *pool.actors, *one.actors]:
+        ray.kill(actor)

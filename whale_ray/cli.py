@@ -77,6 +77,15 @@ class InputError(Exception):
     """Bad input found before anything is started; the message is one line naming the input."""
 
 
+def _evaluators(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a count of evaluators, or 'auto'") from None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="whale", description="WHALE: alternate weight and harness optimisation.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,7 +102,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--run-dir", type=Path, help=helps("run directory", "run_dir"))
     run.add_argument("--seed", type=int, help=helps("run seed", "seed"))
     run.add_argument("--engine", choices=choices("policy.engine"), help=helps("policy engine", "policy.engine"))
-    run.add_argument("--evaluators", type=int, help=helps("SandboxEvaluator actors in the pool", "sandbox.evaluators"))
+    run.add_argument("--evaluators", type=_evaluators, help=helps("SandboxEvaluator actors in the pool: a count, or 'auto' "
+                                                                 "(elastic: sized to the free resources, following "
+                                                                 "nodes)", "sandbox.evaluators"))
     run.add_argument("--slots", type=int, help=helps("concurrent sandboxes per evaluator", "sandbox.slots"))
     run.add_argument("--isolation", choices=choices("sandbox.isolation"),
                      help=helps("sandbox isolation; 'unsafe_none' runs untrusted harness code without namespaces",
@@ -270,20 +281,23 @@ def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
     bar = Progress(TextColumn("[bold]{task.fields[head]}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console)
     task = bar.add_task("run", total=None, head="starting", detail="")
-    shown = None
+    shown, seen = None, 0
     with Live(bar, console=console, refresh_per_second=4):
         while True:
             ready, _ = ray.wait([run_ref], timeout=0.5)
-            snap = ray.get(coordinator.snapshot.remote())
+            snap = ray.get(coordinator.snapshot.remote(seen))
+            for event in snap["events"]:  # faults and recoveries, as they happen (all in events.jsonl)
+                console.print(f"[yellow]{event['kind']}[/yellow]: {event['message']}", highlight=False)
+                seen = event["seq"]
             p = snap["progress"]
             bar.update(task, head=f"cycle {p['cycle']}/{p['cycles']} {p['phase']}", detail=p["detail"],
                        completed=p["done"], total=p["total"] or None)
             rows = snap["history"]
             if shown is None:
-                shown = len(rows)  # rows of an earlier launch were printed then; show only new ones
+                shown = max(shown, len(rows))  # none while a roll-back restarts the actors  # rows of an earlier launch were printed then; show only new ones
             for row in rows[shown:]:
                 console.print(cycle_line(CycleRow(**row)), highlight=False)
-            shown = len(rows)
+            shown = max(shown, len(rows))  # none while a roll-back restarts the actors
             if ready:
                 return ray.get(run_ref)
 

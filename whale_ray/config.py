@@ -174,9 +174,41 @@ class AdaptiveConfig(_Strict):
 _LIMITS = SandboxLimits()  # the per-episode limits' defaults live in the sandbox
 
 
+class EvaluatorRange(_Strict):
+    """An elastic pool's bounds: it grows into free resources (new nodes included) up to `max`."""
+
+    min: int = Field(1, gt=0)
+    max: int = Field(64, gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "EvaluatorRange":
+        if self.min > self.max:
+            raise ValueError(f"sandbox.evaluators: min {self.min} > max {self.max}")
+        return self
+
+
 class SandboxConfig(_Strict):
     slots: int = Field(16, gt=0)  # concurrent episodes per evaluator
-    evaluators: int = Field(1, gt=0)
+    # A count (kept: a lost evaluator is replaced), "auto" (= {min: 1, max: 64}) or {min, max}: elastic,
+    # sized to the cluster's free resources while a phase runs, following nodes as they join and leave.
+    evaluators: int | Literal["auto"] | EvaluatorRange = 1
+    chunk: Optional[int] = Field(None, gt=0)  # episodes per pull; None: a quarter of `slots`
+    episode_retries: int = Field(1, ge=0)  # an episode lost with its evaluator or node is run again this often
+
+    def pool_bounds(self) -> tuple[int, int, bool]:
+        """(min, max, elastic) of the evaluator pool."""
+        e = self.evaluators
+        if isinstance(e, int):
+            return e, e, False
+        r = EvaluatorRange() if e == "auto" else e
+        return r.min, r.max, True
+
+    @field_validator("evaluators")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v <= 0:
+            raise ValueError(f"needs at least one evaluator, got {v}")
+        return v
     wall_s: float = Field(_LIMITS.wall_s, gt=0)
     memory_mb: int = Field(_LIMITS.memory_mb, gt=0)
     max_processes: int = Field(_LIMITS.max_processes, gt=0)
@@ -185,6 +217,16 @@ class SandboxConfig(_Strict):
     max_message_bytes: int = Field(_LIMITS.max_message_bytes, gt=0)
     # "auto" uses bubblewrap and refuses to run without it; "unsafe_none" runs harnesses with rlimits only.
     isolation: Literal["auto", "bwrap", "unsafe_none"] = _LIMITS.isolation
+
+
+class FaultsConfig(_Strict):
+    """How a run rides out dead actors (actors/coordinator.py). The PolicyServer, the Trainer and the Retriever
+    are restarted by Ray up to `actor_restarts` times each, their calls in flight retried; any other fault
+    rolls the run back to its last commit and goes on in the same launch, at most `max_recoveries` times."""
+
+    actor_restarts: int = Field(5, ge=-1)  # -1: without limit
+    max_recoveries: int = Field(5, ge=0)
+    poll_s: float = Field(1.0, gt=0)  # how often the pool and the monitor look at the cluster
 
 
 class EndpointConfig(_Strict):
@@ -223,6 +265,7 @@ class WhaleConfig(_Strict):
     harness_phase: HarnessPhaseConfig = Field(default_factory=HarnessPhaseConfig)
     adaptive: AdaptiveConfig = Field(default_factory=AdaptiveConfig)
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)  # each role's Ray resources (resources.py)
     # Where the run directory (when run_dir is relative) and the embedded-policy cache live: a path that every

@@ -206,9 +206,10 @@ class Domain(ABC):
         """Checks the domain's own inputs beyond the splits (a corpus file, say) before a run starts;
         raises DataError naming the input."""
 
-    def start_services(self, cfg: RunConfig, splits: Splits) -> dict[str, Any]:
+    def start_services(self, cfg: RunConfig, splits: Splits, placement: Any = None) -> dict[str, Any]:
         """Shared trusted services of a run (Ray actor handles: a retriever, say), started once by the
-        coordinator and handed to every evaluator."""
+        coordinator and handed to every evaluator. `placement` (whale_ray.resources.Placement) gives each
+        service actor its `.options()`; a service should let Ray restart it (`cfg.faults.actor_restarts`)."""
         return {}
 
     def host_tools(self, services: dict[str, Any]) -> dict[str, Callable[..., str]]:

@@ -81,6 +81,7 @@ class EpisodeResult:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     # The kernel's count of the episode's memory at its peak (its cgroup's); None without the cgroup layer
     peak_memory_bytes: int | None = None
+    node: str = ""  # the Ray node id of the evaluator that ran it
 
     @property
     def turns(self) -> int:
@@ -114,6 +115,7 @@ class Rollout:
     calls: list[dict[str, Any]]  # ModelCall fields without messages
     trace: str  # JSON: messages, events and tool calls, for the archive and the proposer
     metrics: dict[str, float] = field(default_factory=dict)  # the domain's per-episode metrics (retrieval_hit...)
+    node: str = ""  # the Ray node it ran on
 
     @classmethod
     def from_episode(
@@ -145,7 +147,7 @@ class Rollout:
             turns=ep.turns, truncated=any(e.get("type") == "turn_budget_exhausted" for e in ep.events),
             prompt_tokens=sum(len(c.prompt_ids) for c in ep.calls),
             completion_tokens=sum(len(c.completion_ids) for c in ep.calls),
-            wall_s=ep.wall_s, calls=calls, trace=json.dumps(trace), metrics=dict(metrics or {}),
+            wall_s=ep.wall_s, calls=calls, trace=json.dumps(trace), metrics=dict(metrics or {}), node=ep.node,
         )
 
 
@@ -180,6 +182,7 @@ ROLLOUT_SCHEMA = pa.schema(
         ("calls", pa.list_(CALL_TYPE)),
         ("trace", pa.string()),
         ("metrics", pa.map_(pa.string(), pa.float32())),
+        ("node", pa.string()),
     ]
 )
 

@@ -63,13 +63,32 @@ class ResourcesConfig(BaseModel):
     check_feasible: bool = True
 
 
+class Placement:
+    """Where a run's actors go; every actor of a run gets its `.options()` from here.
+
+    The default places each actor anywhere on the cluster by its role's resources, never inside a caller's
+    placement group (a Tune trial's, say, whose reservation was not sized for it). A sweep hands the
+    Coordinator a subclass that puts the trial's actors in the trial's own placement group instead."""
+
+    def options(self, role: str, resources: RoleResources) -> dict[str, Any]:
+        """`.options()` for one actor of `role` (a key of ResourcesConfig); evaluators spread over the nodes."""
+        return {**resources.options(), "scheduling_strategy": "SPREAD" if role == "evaluator" else "DEFAULT"}
+
+    def on_node(self, role: str, resources: RoleResources, node_id: str) -> dict[str, Any] | None:
+        """`.options()` pinning one actor to a node (the elastic evaluator pool places by node), or None where
+        this placement cannot pin (a placement group's bundles are where they are)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return {**resources.options(), "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+
+
 def role_demands(cfg: Any, trains: bool) -> dict[str, tuple[int, dict[str, float]]]:
     """role -> (how many actors, one actor's bundle), for the roles this run starts (`trains`: the schedule
     has a weight phase, so Trainer workers)."""
     from whale_ray.domain import get_domain  # the retriever is a service of the search_qa domain
 
     r: ResourcesConfig = cfg.resources
-    out = {"policy_server": (1, r.policy_server.bundle()), "evaluator": (cfg.sandbox.evaluators, r.evaluator.bundle()),
+    out = {"policy_server": (1, r.policy_server.bundle()), "evaluator": (cfg.sandbox.pool_bounds()[0], r.evaluator.bundle()),
            "proposer": (1, r.proposer.bundle())}
     if trains:
         out["trainer_worker"] = (cfg.weight.num_workers, trainer_bundle(r, cfg.weight.use_gpu))

@@ -54,15 +54,20 @@ class SearchQADomain(Domain):
             except DataError as e:
                 raise DataError(f"retrieval.corpus_path: {e}") from None
 
-    def start_services(self, cfg: RunConfig, splits: Splits) -> dict[str, Any]:
-        """{"retriever": a Retriever actor}, over the retrieval section's corpus, else the seed's generated one."""
+    def start_services(self, cfg: RunConfig, splits: Splits, placement: Any = None) -> dict[str, Any]:
+        """{"retriever": a Retriever actor}, over the retrieval section's corpus, else the seed's generated one;
+        restarted by Ray if it dies (it holds no state beyond its index, which it builds again)."""
+        from whale_ray.resources import Placement
+
         from .retriever_actor import start_retriever
 
         self.check_inputs(cfg)
         r = self.settings(cfg).retrieval
         use_generated = r.kind != "http" and r.corpus_path is None
-        return {"retriever": start_retriever(r, generator.corpus(cfg.seed) if use_generated else None,
-                                             resources=cfg.resources.retriever.options())}
+        restarts = cfg.faults.actor_restarts
+        options = {**(placement or Placement()).options("retriever", cfg.resources.retriever),
+                   "max_restarts": restarts, "max_task_retries": restarts}
+        return {"retriever": start_retriever(r, generator.corpus(cfg.seed) if use_generated else None, options=options)}
 
     def host_tools(self, services: dict[str, Any]) -> dict[str, Callable[..., str]]:
         """{"search": search(query, topk=1) -> str}; services["retriever"] is a Retriever actor handle or

@@ -13,8 +13,6 @@ import ray
 from .config import RetrievalConfig
 from .retrieval import Passage, SearchBackend, build_retriever
 
-# Placed anywhere on the cluster, never inside a caller's placement group (as the sandbox evaluators are).
-CLUSTER = "DEFAULT"
 MAX_CONCURRENCY = 8  # concurrent searches; an HTTP backend spends most of its time waiting
 
 
@@ -45,11 +43,10 @@ class Retriever:
 
 
 def start_retriever(retrieval: RetrievalConfig, passages: list[Passage] | None = None,
-                    resources: dict[str, Any] | None = None) -> "ray.actor.ActorHandle":
-    """A started Retriever (placed by `resources`, config resources.retriever). Waits until its index is built,
-    so a bad corpus or model fails here, with the original exception (a whale_ray.domain.DataError, say)."""
-    handle = Retriever.options(**(resources or {"num_cpus": 0}), scheduling_strategy=CLUSTER,
-                               max_concurrency=MAX_CONCURRENCY).remote(
+                    options: dict[str, Any] | None = None) -> "ray.actor.ActorHandle":
+    """A started Retriever (`options`: its Ray `.options()`, from config resources.retriever). Waits until its
+    index is built, so a bad corpus or model fails here, with the original exception (a DataError, say)."""
+    handle = Retriever.options(**(options or {"num_cpus": 0}), max_concurrency=MAX_CONCURRENCY).remote(
         retrieval, passages)
     try:
         ray.get(handle.describe.remote())

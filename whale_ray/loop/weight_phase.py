@@ -79,10 +79,10 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         ctx.run.write_rollouts(name, "weight", cycle, rollouts)
         examples, sources = training_examples(ctx, rollouts, tasks)
         version_before = state.weight_version
-        metrics = trainer.train_step(examples)
+        metrics = trainer.train_step(examples, version_before)
         if metrics["trained"]:
             state.weight_version = metrics["version"]
-            ctx.roles.policy.load_weights(trainer.latest_weights(), state.weight_version)
+            ctx.roles.policy.load_weights(trainer.latest_weights(state.weight_version), state.weight_version)
             state.ledger.weight_steps += 1
             since_checkpoint += 1
         ctx.run.write_train_step(name.removeprefix("weight-"), {
@@ -112,7 +112,7 @@ def checkpoint(ctx: RunContext) -> None:
     """The current weights (and optimizer) as checkpoints/v<N>; then everything up to here goes on record."""
     state = ctx.run.state
     path = ctx.run.checkpoint_path(state.weight_version)
-    ctx.roles.trainer.save_checkpoint(str(path))
+    ctx.roles.trainer.save_checkpoint(str(path), state.weight_version)
     state.checkpoint = ctx.run.relative(path)
     ctx.run.commit()
     ctx.run.prune_checkpoints()
