@@ -64,6 +64,13 @@ class PolicyConfig(_Strict):
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     warmstart_steps: int = Field(1200, ge=0)
+    # vllm only: the share of the GPU's memory vLLM takes (weights, activations, KV cache), so that a Trainer on
+    # the same GPU has the rest; the transformers engine allocates as it goes.
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+
+    def engine_options(self) -> dict[str, float]:
+        """The engine's own keyword arguments beyond device and dtype (PolicyServer -> make_engine)."""
+        return {"gpu_memory_utilization": self.gpu_memory_utilization} if self.engine == "vllm" else {}
 
 
 class WeightPhaseConfig(_Strict):
