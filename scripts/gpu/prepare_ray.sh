@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run here, in the checkout's root (a few minutes: one 79 MB download, xz on 2 cores). Prepares what whale-ray
+# needs on the H200 image beyond torch and vLLM (../shared/gpu/vllm_prepare.sh brings vLLM): Ray 2.60 for
+# Python 3.12 trimmed (no Java jars, RLlib, Ray LLM or the dashboard's web build; binaries stripped of symbols),
+# the pure wheels that Ray, the proposers and the chess domain import and the image lacks, and bubblewrap for
+# the sandbox. Leaves three ignored folders, one per device call beside the vLLM parts (each call carries at
+# most 64 MiB): .rw/c0 (wheels, bwrap), .rw/c1 and .rw/c2 (the two halves of ray.tar.xz). Prints the sha256
+# that scripts/gpu/assemble.sh checks there.
+set -euo pipefail
+grep -qx '/.rw/' .git/info/exclude || echo '/.rw/' >> .git/info/exclude
+PY=${PY:-.venv/bin/python}
+P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+rm -rf .rw && mkdir -p .rw/dl .rw/c0/deps .rw/c0/bin .rw/c1 .rw/c2 .rw/x
+$PY -m pip download -q $P -d .rw/dl ray==2.60.0
+$PY -m pip download -q $P -d .rw/c0/deps jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
+  rpds-py==2026.9.1 libcst==1.9.0 tensorboardX==2.6.5
+$PY -m pip wheel -q --no-deps -w .rw/c0/deps chess==1.11.2   # an sdist only: built here (pure Python)
+(cd .rw && apt-get download bubblewrap && dpkg -x bubblewrap_*.deb bw && cp bw/usr/bin/bwrap c0/bin/)
+cd .rw/x
+unzip -q ../dl/ray-2.60.0-*.whl
+rm -rf ray/jars ray/rllib ray/dashboard/client/build ray/llm
+strip --strip-unneeded ray/_raylet.so
+strip ray/core/src/ray/gcs/gcs_server ray/core/src/ray/raylet/raylet
+find ray -name __pycache__ -type d -prune -exec rm -rf {} +
+tar cf - ray ray-2.60.0.dist-info | xz -6 -T2 > ../ray.tar.xz
+cd ..
+split -b 14M -d -a1 ray.tar.xz ray.part.
+mv ray.part.0 c1/ && mv ray.part.1 c2/
+rm -rf x dl
+echo "sha256 $(cat c1/ray.part.0 c2/ray.part.1 | sha256sum | cut -d' ' -f1)"; du -sh c0 c1 c2
