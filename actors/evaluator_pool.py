@@ -85,7 +85,7 @@ class EvaluatorPool:
         self._reserve = dict(reserve or {})
         self._poll_s = poll_s
         self.min, self.max, self.elastic = sandbox.pool_bounds()
-        if self.elastic and self._placement.on_node("evaluator", self._resources, "probe") is None:
+        if self.elastic and not self._placement.pins_nodes:
             self.max = self.min  # a placement group's bundles are fixed: an elastic pool cannot grow there
         self._chunk = sandbox.chunk or max(1, sandbox.slots // 4)
         self._depth = sandbox.slots + self._chunk

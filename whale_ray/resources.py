@@ -70,13 +70,15 @@ class Placement:
     placement group (a Tune trial's, say, whose reservation was not sized for it). A sweep hands the
     Coordinator a subclass that puts the trial's actors in the trial's own placement group instead."""
 
+    pins_nodes = True  # on_node works: an elastic evaluator pool can grow node by node (not in a placement group)
+
     def options(self, role: str, resources: RoleResources) -> dict[str, Any]:
         """`.options()` for one actor of `role` (a key of ResourcesConfig); evaluators spread over the nodes."""
         return {**resources.options(), "scheduling_strategy": "SPREAD" if role == "evaluator" else "DEFAULT"}
 
-    def on_node(self, role: str, resources: RoleResources, node_id: str) -> dict[str, Any] | None:
-        """`.options()` pinning one actor to a node (the elastic evaluator pool places by node), or None where
-        this placement cannot pin (a placement group's bundles are where they are)."""
+    def on_node(self, role: str, resources: RoleResources, node_id: str) -> dict[str, Any]:
+        """`.options()` pinning one actor to a node (the elastic evaluator pool grows node by node); only where
+        `pins_nodes` (a placement group's bundles are where they are)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         return {**resources.options(), "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}

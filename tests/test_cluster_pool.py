@@ -1,0 +1,124 @@
+"""The evaluator pool on a real multi-node Ray cluster (ray.cluster_utils.Cluster: a head and worker raylets
+on this machine): evaluators on every node, a node joining mid-phase gets work, a node leaving mid-phase
+takes its evaluators and its episodes are run again, once each."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from actors.evaluator_pool import EvaluatorPool
+from whale_ray.config import DataConfig, SandboxConfig
+from whale_ray.domain import get_domain
+from whale_ray.events import EventLog, read_events
+from whale_ray.loop import EpisodeWork
+from whale_ray.records import EpisodeJob
+
+# Answers after a short wait and never calls the model: the pool, not the policy, is under test.
+SLOW = "import time\n\ndef run(task, agent):\n    time.sleep(0.4)\n    return '\\\\boxed{' + str(agent.seed % 7) + '}'\n"
+FAST_DEATH = {"health_check_period_ms": 300, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
+
+
+@pytest.fixture
+def cluster():
+    """A head that holds no actors (0 CPUs) and worker nodes added by each test; the session's own local Ray
+    is put back afterwards for the tests that follow."""
+    was_up = ray.is_initialized()
+    if was_up:
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST_DEATH})
+    ray.init(address=c.address, log_to_driver=False)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+    if was_up:
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+
+def jobs(n: int) -> list[EpisodeJob]:
+    tasks = get_domain("math_reasoning").load_splits(DataConfig(n_harness=8), 0).harness
+    return [EpisodeJob(task=tasks[i % len(tasks)], seed=i) for i in range(n)]
+
+
+def pool_of(tmp_path, evaluators, **sandbox) -> tuple[EvaluatorPool, EventLog]:
+    events = EventLog(tmp_path)
+    cfg = SandboxConfig(slots=1, chunk=1, evaluators=evaluators, wall_s=30, **sandbox)
+    return EvaluatorPool("math_reasoning", None, cfg, events=events, poll_s=0.3), events
+
+
+def run_with(pool: EvaluatorPool, work: list[EpisodeJob], when_done: int, action) -> list:
+    """Runs the episodes; `action()` runs once `when_done` of them have finished (in the pool's own loop, the
+    main thread, where Ray's cluster utilities must run; the evaluators go on meanwhile)."""
+    done, fired = [0], threading.Event()
+
+    def on_done(n: int) -> None:
+        done[0] += n
+        if done[0] >= when_done and not fired.is_set():
+            fired.set()
+            action()
+
+    (results,) = pool.run([EpisodeWork(SLOW, "slow.py", work)], on_done)
+    assert done[0] == len(work) and fired.is_set()
+    return results
+
+
+def answers_match_seeds(results, work) -> None:
+    """Each job's result is its own (the answer is a function of its seed) and came back exactly once."""
+    assert len(results) == len(work)
+    assert [r.status for r in results] == ["ok"] * len(work), {r.reason for r in results}
+    assert [r.answer for r in results] == ["\\boxed{" + str(j.seed % 7) + "}" for j in work]
+
+
+def test_elastic_pool_spreads_over_nodes_and_follows_a_joining_node(cluster, tmp_path, bwrap):
+    first = cluster.add_node(num_cpus=1)
+    pool, _ = pool_of(tmp_path, {"min": 1, "max": 16})
+    work = jobs(48)
+    joined = {}
+
+    def add_node() -> None:
+        joined["node"] = cluster.add_node(num_cpus=1).node_id
+
+    results = run_with(pool, work, 8, add_node)
+    answers_match_seeds(results, work)
+    nodes = {r.node for r in results}
+    assert first.node_id in nodes and joined["node"] in nodes  # the new node got work within the phase
+    later = [r.node for r in results[24:]]
+    assert later.count(joined["node"]) >= 4, later
+    assert pool.nodes().keys() == {first.node_id, joined["node"]}
+    assert pool.size == 8  # 0.25 CPU each: four per node, and no more (max 16)
+    kinds = [e["kind"] for e in read_events(tmp_path)]
+    assert "node_joined" in kinds and "evaluators_added" in kinds
+
+
+def test_a_node_leaving_mid_phase_takes_its_evaluators_and_its_episodes_are_run_again_once(cluster, tmp_path, bwrap):
+    stays = cluster.add_node(num_cpus=1)
+    leaves = cluster.add_node(num_cpus=1)
+    pool, _ = pool_of(tmp_path, "auto")
+    work = jobs(40)
+    results = run_with(pool, work, 8, lambda: cluster.remove_node(leaves, allow_graceful=False))
+    answers_match_seeds(results, work)  # every episode once, none given up
+    events = read_events(tmp_path)
+    kinds = [e["kind"] for e in events]
+    assert "node_left" in kinds and "evaluator_lost" in kinds
+    redone = sum(e["episodes"] for e in events if e["kind"] == "episodes_redone")
+    assert redone >= 1  # the lost node had episodes in flight, and they were run again
+    assert {r.node for r in results[-10:]} == {stays.node_id}
+    assert set(pool.nodes()) == {stays.node_id}
+    json.dumps(events)  # the log is plain JSON
+
+
+def test_a_fixed_pool_spreads_and_replaces_a_killed_evaluator(cluster, tmp_path, bwrap):
+    a, b = cluster.add_node(num_cpus=1), cluster.add_node(num_cpus=1)
+    pool, _ = pool_of(tmp_path, 2, episode_retries=1)
+    work = jobs(24)
+    victim = pool.actors[0]
+    results = run_with(pool, work, 4, lambda: ray.kill(victim))
+    answers_match_seeds(results, work)
+    assert {r.node for r in results} == {a.node_id, b.node_id}  # SPREAD: one evaluator on each node
+    assert pool.size == 2 and victim not in pool.actors  # replaced
+    kinds = [e["kind"] for e in read_events(tmp_path)]
+    assert kinds.count("evaluator_lost") == 1 and "evaluators_added" in kinds
