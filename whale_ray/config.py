@@ -247,6 +247,23 @@ class EndpointConfig(_Strict):
     max_retries: int = Field(4, ge=0)
 
 
+class ServeConfig(_Strict):
+    """The live OpenAI-compatible endpoint (whale_ray/serve/): `whale serve`, or `whale run --serve` for the
+    whole run. It follows the run directory's checkpoints; it is no part of the run's identity (a relaunch
+    may turn it on or off)."""
+
+    enabled: bool = False  # whale run --serve
+    host: str = "127.0.0.1"
+    port: int = Field(8000, gt=0, lt=65536)
+    replicas: int = Field(1, gt=0)  # fixed replica count, unless min_replicas and max_replicas are both set
+    min_replicas: Optional[int] = Field(None, ge=0)  # Serve autoscaling bounds
+    max_replicas: Optional[int] = Field(None, gt=0)
+    replica_cpus: float = Field(1.0, ge=0)  # Ray CPUs each replica holds
+    max_concurrent: int = Field(64, gt=0)  # requests in flight per replica; more get 429 with Retry-After
+    api_key_env: Optional[str] = None  # NAME of the variable holding the key clients must send; None = no key
+    poll_s: float = Field(0.5, gt=0)  # how often each replica looks at the run directory for new weights
+
+
 class EvalConfig(_Strict):
     test_samples: int = Field(8, gt=0)  # mean@8
     val_samples: int = Field(4, gt=0)
@@ -275,6 +292,7 @@ class WhaleConfig(_Strict):
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)  # each role's Ray resources (resources.py)
+    serve: ServeConfig = Field(default_factory=ServeConfig)  # the live endpoint (whale run --serve)
     # Where the run directory (when run_dir is relative) and the embedded-policy cache live: a path that every
     # node mounts, or a file:// URI; None: run_dir as given and $WHALE_CACHE (or ~/.cache/whale-ray).
     storage: Optional[str] = None

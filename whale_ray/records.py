@@ -54,6 +54,7 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0  # alternatives per token to report (the OpenAI endpoint's top_logprobs); 0 = none
 
 
 @dataclass

@@ -18,7 +18,7 @@ import random
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 import torch
 
@@ -26,12 +26,19 @@ from whale_ray.policy.tiny import load_policy
 from whale_ray.records import SamplingParams
 
 FINISH_REASONS = ("stop", "length")
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API
 
 
 @dataclass
 class GenerationRequest:
     messages: list[dict[str, str]]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # A raw text prompt (text completions), tokenised as given without a chat template; `messages` is then unused.
+    prompt: Optional[str] = None
+    # Called from the engine's thread with (token id, weight version) as each token is sampled (streaming).
+    # TransformersEngine calls it; engines that do not stream leave it uncalled and the caller sends the whole
+    # completion at the end.
+    on_token: Optional[Callable[[int, int], None]] = None
 
 
 @dataclass
@@ -42,6 +49,9 @@ class GenerationOutput:
     logprobs: list[float]  # one per completion id, under the sampling distribution used (module docstring)
     finish_reason: str  # "stop" (eos or stop string) | "length" (max_tokens or the context window)
     weight_version: int = 0  # the weights that generated it, read with the batch under the engine's lock
+    # per completion id, its sampling.top_logprobs most likely alternatives [(id, log-prob)] under the same
+    # distribution as `logprobs`; empty when none were asked for
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -63,11 +73,15 @@ def check_request(request: GenerationRequest) -> None:
     so that one bad request is refused alone instead of failing a whole batch.
     """
     msgs = request.messages
-    if not isinstance(msgs, list) or not msgs:
+    if request.prompt is not None:
+        if not isinstance(request.prompt, str) or not request.prompt:
+            raise ValueError(f"prompt must be a non-empty string, got {request.prompt!r}")
+    elif not isinstance(msgs, list) or not msgs:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
-    for i, m in enumerate(msgs):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
+    else:
+        for i, m in enumerate(msgs):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
     s = request.sampling
     if not isinstance(s.max_tokens, int) or s.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {s.max_tokens!r}")
@@ -81,12 +95,16 @@ def check_request(request: GenerationRequest) -> None:
         raise ValueError(f"stop must be a sequence of strings, got {s.stop!r}")
     if s.seed is not None and not isinstance(s.seed, int):
         raise ValueError(f"seed must be an integer or None, got {s.seed!r}")
+    if not isinstance(s.top_logprobs, int) or not 0 <= s.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {s.top_logprobs!r}")
 
 
 def encode_prompts(tokenizer: Any, requests: list[GenerationRequest]) -> list[list[int]]:
-    """The trusted side's prompt ids: the chat template with the generation prompt, tokenised without
-    extra special tokens. Every engine uses this, so the same messages give the same ids everywhere."""
-    texts = [tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests]
+    """The trusted side's prompt ids: the chat template with the generation prompt (or a raw `prompt` as given),
+    tokenised without extra special tokens. Every engine uses this, so the same messages give the same ids
+    everywhere."""
+    texts = [r.prompt if r.prompt is not None else
+             tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests]
     return tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
 
 
@@ -154,6 +172,16 @@ def sample_rows(
     logits [B, V] (float32); temperature, top_p [B] float; top_k [B] long (0 = off); u [B] uniforms in
     [0, 1) (the row's own random stream; inverse-CDF sampling). temperature 0 = greedy (raw log-probs).
     """
+    token, lp, _, _ = sample_rows_top(logits, temperature, top_k, top_p, u, 0)
+    return token, lp
+
+
+def sample_rows_top(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor,
+    top: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sample_rows`, plus each row's `top` most likely tokens [B, top] and their log-probs under the same
+    distribution (the sort that sampling needs already ranks them)."""
     vocab = logits.shape[-1]
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
@@ -172,7 +200,12 @@ def sample_rows(
     j = (cdf < u[:, None] * cdf[:, -1:]).sum(dim=-1)  # masked tokens add no mass: j stays on a kept token
     j = torch.where(greedy, torch.zeros_like(j), j)
     token = sorted_ids.gather(1, j[:, None]).squeeze(1)
-    return token, logp.gather(1, j[:, None]).squeeze(1)
+    return token, logp.gather(1, j[:, None]).squeeze(1), sorted_ids[:, :top], logp[:, :top]
+
+
+def logits_vocab(model: Any) -> int:
+    """The width of the model's logits (its output embedding's rows)."""
+    return int(model.get_output_embeddings().weight.shape[0])
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -307,6 +340,10 @@ class TransformersEngine:
 
         tokens = torch.zeros((n, steps_max), dtype=torch.long, device=dev)
         logprobs = torch.zeros((n, steps_max), device=dev)
+        top = min(max(r.sampling.top_logprobs for r in requests), logits_vocab(self.model))
+        top_ids = torch.zeros((n, steps_max, top), dtype=torch.long, device=dev)
+        top_lps = torch.zeros((n, steps_max, top), device=dev)
+        streams = [r.on_token for r in requests]
         lengths = [0] * n
         stop_hit = [False] * n
         stops = [tuple(x for x in r.sampling.stop if x) for r in requests]  # empty stop strings are ignored
@@ -318,11 +355,18 @@ class TransformersEngine:
                 input_ids=model_in, attention_mask=attention, position_ids=position_ids,
                 use_cache=True, logits_to_keep=1, **{self._cache_kw: cache},
             ).logits[:, -1, :].float()
-            tok, lp = sample_rows(logits, temperature[rows], top_k[rows], top_p[rows], noise[rows, step])
+            tok, lp, alt_ids, alt_lps = sample_rows_top(
+                logits, temperature[rows], top_k[rows], top_p[rows], noise[rows, step], top)
             tokens[rows, step] = tok
             logprobs[rows, step] = lp
+            if top:
+                top_ids[rows, step], top_lps[rows, step] = alt_ids, alt_lps
             done = torch.isin(tok, self._eos) | (budget_t[rows] <= step + 1)
             active = rows.tolist()
+            if any(streams[r] for r in active):
+                for r, t_id in zip(active, tok.tolist()):
+                    if streams[r]:
+                        streams[r](t_id, self._version)  # under the lock: the version cannot change mid-chunk
             if any(stops[r] for r in active):  # stop strings: only rows that have them are decoded
                 done_l = done.tolist()
                 for j, r in enumerate(active):
@@ -346,14 +390,18 @@ class TransformersEngine:
             position_ids = position_ids[:, -1:] + 1
 
         tokens_l, logprobs_l = tokens.tolist(), logprobs.tolist()
+        top_ids_l, top_lps_l = (top_ids.tolist(), top_lps.tolist()) if top else ([], [])
         outs = []
         for r in range(n):
             ids, lps = tokens_l[r][: lengths[r]], logprobs_l[r][: lengths[r]]
+            k = requests[r].sampling.top_logprobs
+            alts = [list(zip(i_[:k], l_[:k])) for i_, l_ in zip(top_ids_l[r][: lengths[r]], top_lps_l[r][: lengths[r]])] \
+                if k else []
             text = decode_completion(self.tokenizer, ids)
             if stop_hit[r]:
                 text = text[: min(text.find(s) for s in stops[r] if s in text)]
             reason = "stop" if stop_hit[r] or (ids and ids[-1] in self.eos_ids) else "length"
-            outs.append(GenerationOutput(text, list(prompts[r]), ids, lps, reason))
+            outs.append(GenerationOutput(text, list(prompts[r]), ids, lps, reason, top_logprobs=alts))
         return outs
 
     def _new_cache(self):

@@ -70,6 +70,9 @@ class PolicyBatcher:
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
         request = GenerationRequest(messages, sampling)
+        return to_call(request, await self.complete(request))
+
+    async def complete(self, request: GenerationRequest) -> GenerationOutput:
         check_request(request)  # refused alone: a bad request must not fail the batch it would join
         future = asyncio.get_running_loop().create_future()
         self._ensure_worker().put_nowait(_Pending(request, future))
@@ -102,7 +105,7 @@ class PolicyBatcher:
             self.stats.busy_s += time.perf_counter() - start
             for p, out in zip(batch, outputs):
                 if not p.future.done():
-                    p.future.set_result(to_call(p.request, out))
+                    p.future.set_result(out)
 
 
 class PolicyService:
@@ -116,12 +119,17 @@ class PolicyService:
         self._requests = 0
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
-        if not self.continuous:
-            return await self.batcher.generate(messages, sampling)
         request = GenerationRequest(messages, sampling)
+        return to_call(request, await self.complete(request))
+
+    async def complete(self, request: GenerationRequest) -> GenerationOutput:
+        """One request (chat or raw prompt, optionally streamed through `request.on_token`), batched with
+        the others in flight; the engine's output as it is (the OpenAI endpoint needs its top log-probs)."""
+        if not self.continuous:
+            return await self.batcher.complete(request)
         check_request(request)
         self._requests += 1
-        return to_call(request, await self.engine.agenerate(request))
+        return await self.engine.agenerate(request)
 
     async def load_weights(self, state_dict: dict, version: int) -> int:
         # Off the event loop: the engine waits for the requests in flight to finish on the old weights.

@@ -150,6 +150,8 @@ class VLLMEngine:
         """A future of the request's GenerationOutput; ValueError at once for a request that cannot be served."""
         check_request(request)
         s = request.sampling
+        if s.top_logprobs:  # vLLM could give them; their conversion into GenerationOutput is not written yet
+            raise ValueError("top_logprobs is not supported by the vllm engine (only the sampled token's log-prob)")
         prompt_ids = list(encode_prompts(self.tokenizer, [request])[0])
         future: cf.Future = cf.Future()
         if len(prompt_ids) >= self.max_context:  # no room for one token, as in TransformersEngine

@@ -1,0 +1,10 @@
+"""The live endpoint: the policy, and the agent (θ*, h*), served through Ray Serve with the OpenAI API,
+following a run directory's checkpoints as training writes them. `whale serve`, `whale run --serve`.
+
+openai_api.py  the wire format: request models, replies, stream chunks, error objects
+spec.py        what an endpoint serves (EndpointSpec), built in the driver
+follow.py      reading a run directory: the weights and harness on record
+replica.py     one replica without Ray: models, following, admission, completions, streaming
+agent.py       POST /v1/agent/run: h* over the served θ in the sandbox
+app.py         the FastAPI routes, the Serve deployment, deploy / undeploy
+"""

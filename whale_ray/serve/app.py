@@ -1,0 +1,160 @@
+"""The Serve application: FastAPI routes over one `Replica` per Serve replica, and deploy / undeploy.
+
+Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (both streamed as SSE with
+`stream: true`), POST /v1/agent/run, GET /health. Every reply of a model names its weights
+(`system_fingerprint: "whale-v<N>"` and the `x-whale-weight-version` header); every error is an OpenAI error
+object with its status (400 bad input, 401 no or wrong key, 404 unknown model, 413 prompt over the context,
+429 replica full, with Retry-After; 500 only for a fault of ours, without a traceback).
+"""
+
+
+import asyncio
+import hashlib
+import hmac
+import logging
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from whale_ray.serve import openai_api as api
+from whale_ray.serve.agent import AgentRequest
+from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
+from whale_ray.serve.replica import Replica
+from whale_ray.serve.spec import EndpointSpec
+
+log = logging.getLogger(__name__)
+APP_NAME = "whale"
+VERSION_HEADER = "x-whale-weight-version"
+
+app = FastAPI(title="whale-ray endpoint")
+
+
+@app.exception_handler(ApiError)
+async def _api_error(_: Request, e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:  # unknown path, wrong method
+    code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+    return JSONResponse(ApiError(e.status_code, str(e.detail), code=code).body(), status_code=e.status_code)
+
+
+@app.exception_handler(Exception)
+async def _fault(_: Request, e: Exception) -> JSONResponse:
+    log.exception("endpoint fault")  # the traceback stays in the replica's log
+    return JSONResponse(ApiError(500, f"internal error ({type(e).__name__})", type="server_error").body(),
+                        status_code=500)
+
+
+def _json(body: dict[str, Any], version: int) -> JSONResponse:
+    return JSONResponse(body, headers={VERSION_HEADER: str(version)})
+
+
+@serve.deployment(name="WhaleEndpoint")
+@serve.ingress(app)
+class WhaleEndpoint:
+    def __init__(self, spec: EndpointSpec):
+        if spec.serve.replica_cpus >= 1:
+            import torch
+
+            torch.set_num_threads(int(spec.serve.replica_cpus))  # replicas sharing a node do not oversubscribe it
+        self.replica = Replica(spec)
+        self._key = spec.api_key_sha256
+        self._follow: Optional[asyncio.Task] = None
+
+    async def _enter(self, request: Request) -> None:
+        """Key check, then the run directory's latest state (and the follower started, once)."""
+        if self._key is not None:
+            auth = request.headers.get("authorization", "")
+            given = auth[7:] if auth.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(hashlib.sha256(given.encode()).hexdigest(), self._key):
+                raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                               type="authentication_error", code="invalid_api_key")
+        if self._follow is None and self.replica.follower is not None:
+            self._follow = asyncio.get_running_loop().create_task(self.replica.follow_forever())
+        await self.replica.sync()
+
+    async def check_health(self) -> None:  # Serve calls it every few seconds: start following without traffic
+        if self._follow is None and self.replica.follower is not None:
+            self._follow = asyncio.get_running_loop().create_task(self.replica.follow_forever())
+
+    @app.get("/health")
+    async def health(self) -> dict[str, Any]:
+        return {"status": "ok", "versions": self.replica.versions(), "in_flight": self.replica.in_flight}
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> JSONResponse:
+        await self._enter(request)
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "whale-ray",
+                 "weight_version": m.version, "max_model_len": m.max_context}
+                for name, m in self.replica.models.items()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _complete(self, request: Request, chat: bool) -> Any:
+        await self._enter(request)
+        req = api.parse(ChatRequest if chat else CompletionRequest, await request.body())
+        n = req.n * (1 if chat else len(req.prompts()))
+        release = self.replica.admit(n)
+        try:
+            if not req.stream:
+                body, version = await (self.replica.chat(req) if chat else self.replica.completion(req))
+                return _json(body, version)
+            version, chunks = await self.replica.stream(chat, req)
+        except BaseException:
+            release()
+            raise
+
+        async def sse() -> Any:
+            try:
+                async for c in chunks:
+                    yield c
+            finally:
+                release()
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={VERSION_HEADER: str(version)})
+
+    @app.post("/v1/chat/completions")
+    async def chat(self, request: Request) -> Any:
+        return await self._complete(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Any:
+        return await self._complete(request, chat=False)
+
+    @app.post("/v1/agent/run")
+    async def agent_run(self, request: Request) -> JSONResponse:
+        await self._enter(request)
+        req = api.parse(AgentRequest, await request.body())
+        release = self.replica.admit()
+        try:
+            body, version = await self.replica.agent_run(req)
+        finally:
+            release()
+        return _json(body, version)
+
+
+def deploy(spec: EndpointSpec) -> str:
+    """Starts (or updates) the endpoint on the connected Ray cluster; returns its base URL once every replica
+    is up."""
+    c = spec.serve
+    serve.start(http_options={"host": c.host, "port": c.port})
+    # Serve's own cap sits above ours, so excess requests reach the replica and get a 429, not a queue
+    opts: dict[str, Any] = {"max_ongoing_requests": 2 * c.max_concurrent + 8,
+                            "ray_actor_options": {"num_cpus": c.replica_cpus}}
+    if c.min_replicas is not None and c.max_replicas is not None:
+        opts["autoscaling_config"] = {"min_replicas": c.min_replicas, "max_replicas": c.max_replicas,
+                                      "target_ongoing_requests": max(1, c.max_concurrent // 2)}
+    else:
+        opts["num_replicas"] = c.replicas
+    serve.run(WhaleEndpoint.options(**opts).bind(spec), name=APP_NAME, route_prefix="/")
+    host = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host
+    return f"http://{host}:{c.port}/v1"
+
+
+def undeploy() -> None:
+    """Ends the endpoint and Serve on this cluster."""
+    serve.delete(APP_NAME)
+    serve.shutdown()

@@ -1,0 +1,92 @@
+"""Following a run directory: which weights (latest, best θ*) and which harness (h*) it has on record now.
+
+The run directory is the truth (whale_ray/loop/run_dir.py): a checkpoint is written first and put on record by
+the atomic rewrite of state.json that follows, so whatever state.json names is complete. Each replica reads
+state.json itself (no message from the Coordinator): a `stat` per request tells whether it changed, so a
+replica never answers on weights older than those a client has already seen from another replica.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from whale_ray.archive import Archive, ArchiveError
+from whale_ray.run_state import RunState
+
+
+@dataclass(frozen=True)
+class Weights:
+    version: int
+    path: str  # a checkpoint directory on record, or the base model for version 0 / a base-model best
+
+
+@dataclass(frozen=True)
+class RunView:
+    latest: Weights
+    best: Weights
+    harness_id: str  # h*: the best pair's harness, else the run's accepted harness ("h0" at the start)
+
+
+def view_of(state: RunState | None, run_dir: Path, base_model: str) -> RunView:
+    if state is None:  # the run has not written its first state yet
+        return RunView(Weights(0, base_model), Weights(0, base_model), "h0")
+    latest = Weights(state.weight_version, str(run_dir / state.checkpoint) if state.checkpoint else base_model)
+    if state.best is None:
+        return RunView(latest, latest, state.accepted_harness)
+    b = state.best
+    best = Weights(b.weight_version, str(run_dir / b.checkpoint) if b.checkpoint else base_model)
+    return RunView(latest, best, b.harness_id)
+
+
+class RunFollower:
+    """`poll()` gives a new RunView when state.json changed since the last look, else None."""
+
+    def __init__(self, run_dir: str | Path, base_model: str):
+        self.run_dir, self.base_model = Path(run_dir), base_model
+        self._seen: tuple[int, int, int] | None = None
+        self.view = view_of(RunState.load(self.run_dir), self.run_dir, base_model)
+
+    def _stamp(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.run_dir / "state.json")
+        except FileNotFoundError:
+            return None
+        return st.st_ino, st.st_mtime_ns, st.st_size  # an atomic rewrite is a new inode
+
+    def poll(self) -> RunView | None:
+        stamp = self._stamp()
+        if stamp is None or stamp == self._seen:
+            return None
+        self.view = view_of(RunState.load(self.run_dir), self.run_dir, self.base_model)
+        self._seen = stamp
+        return self.view
+
+    def forget(self) -> None:
+        """Read state.json again at the next poll (a load from it failed and is to be retried)."""
+        self._seen = None
+
+    def harness_source(self, harness_id: str, fallback: Path) -> str:
+        """h*'s code from the run's archive; `fallback` (the run's h0 file) before the archive holds it."""
+        try:
+            return Archive(self.run_dir / "archive", read_only=True).get(harness_id).code
+        except (ArchiveError, FileNotFoundError, KeyError):
+            if harness_id != "h0":
+                raise
+            return fallback.read_text()
+
+
+def load_state_dict(checkpoint: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of a Hugging Face checkpoint directory (one or several safetensors files)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(checkpoint).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{checkpoint}: no *.safetensors weights")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
