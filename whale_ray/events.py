@@ -31,7 +31,9 @@ class EventLog:
     def emit(self, kind: str, message: str, **data: Any) -> dict[str, Any]:
         """Appends one event: `kind` (actor_lost, actor_restarted, episodes_redone, rolled_back, node_joined,
         node_left, evaluators_added, ...), a sentence for people, and the facts as fields."""
-        event = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), "kind": kind, "message": message, **data}
+        now = time.time()
+        event = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)), "ts": round(now, 3), "kind": kind,
+                 "message": message, **data}
         line = json.dumps(event, default=str)
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -76,7 +76,8 @@ def last_events(path: Path, n: int = LAST_EVENTS) -> list[str]:
             out.append(line.strip())
             continue
         if isinstance(event, dict):
-            head = [str(event.pop(k)) for k in ("time", "ts", "kind", "event") if k in event]
+            event.pop("ts", None)  # the same moment as "time", for programs
+            head = [str(event.pop(k)) for k in ("time", "kind", "event") if k in event]
             out.append(" ".join(head + [f"{k}={v}" for k, v in event.items()]))
         else:
             out.append(str(event))
