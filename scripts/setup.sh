@@ -14,6 +14,17 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# Headless Chromium: tests/test_report_html.py opens the report pages in it (skipped where it is absent).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null
+  elif command -v sudo >/dev/null 2>&1; then
+    (sudo apt-get update -qq && sudo apt-get install -y -qq chromium) >/dev/null
+  else
+    echo "setup: chromium is missing and cannot be installed without root; the report-page tests will skip" >&2
+  fi
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

@@ -96,6 +96,15 @@ def tiny_policy(embedded_policy) -> str:
 
 
 @pytest.fixture(scope="session")
+def small_study(tmp_path_factory, ray_cluster, tiny_policy) -> Path:
+    """A study root of small real math runs, 2 conditions x 2 seeds (tests/study_runs.py): made once per session
+    for the compare and report tests."""
+    from tests.study_runs import make_study
+
+    return make_study(tmp_path_factory.mktemp("study"), tiny_policy)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A randomly initialised Qwen3 small enough for exact numeric checks (vocab 64, 2 layers)."""
     import json
