@@ -3,7 +3,8 @@
     whale run                       math, the whale schedule, the embedded tiny policy, a local Ray cluster
     whale run --condition rsft_only --E 0.2 --I 6 --run-dir runs/x
     whale run --config my.yaml --model /models/Qwen3.5-2B
-    whale sweep tune_configs/schedule_ablation.yaml
+    whale sweep tune_configs/schedule_ablation.yaml       a Ray Tune sweep (rerun the same command to resume)
+    whale study --conditions all --seeds 3 --root runs/study    every (condition, seed) pair on one budget
     whale doctor                    which sandbox layers this machine supports
     whale build-policy --domain search_qa --device cuda    fill the embedded-policy cache ahead of a run
     whale status runs/x             where a run stands, from its run directory alone
@@ -140,10 +141,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     build.add_argument("--device", default="cpu", help="where to run the warm-start (cpu, cuda; default cpu)")
     build.add_argument("--steps", type=int, default=default("policy.warmstart_steps"),
                        help=helps("warm-start steps (policy.warmstart_steps)", "policy.warmstart_steps"))
-    sweep = sub.add_parser("sweep", help="a Ray Tune sweep over (E, I) schedules, one full run per point")
-    sweep.add_argument("file", type=Path, help="sweep YAML (see tune_configs/)")
+    sweep = sub.add_parser("sweep", help="a Ray Tune sweep over run settings (search space, ASHA on training "
+                                         "rollouts, trials side by side); rerun to resume")
+    sweep.add_argument("file", type=Path, help="sweep YAML (see tune_configs/ and whale_ray/sweep/space.py)")
     sweep.add_argument("--root", type=Path, default=Path("runs/sweep"), help="folder of the trials' run directories")
     sweep.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    study = sub.add_parser("study", help="every (condition, seed) pair on one budget, side by side, each in its own "
+                                         "run directory under --root; rerun to resume")
+    study.add_argument("--conditions", default="all", help=f"'all' or a comma-separated list of {', '.join(CONDITIONS)}")
+    study.add_argument("--seeds", type=int, default=3, help="how many run seeds per condition (default 3)")
+    study.add_argument("--first-seed", type=int, default=0, help="the first run seed (default 0)")
+    study.add_argument("--config", type=Path, help="YAML config every pair starts from; flags override its values")
+    study.add_argument("--domain", help=helps("the domain", "domain"))
+    study.add_argument("--E", type=float, help=helps(field("E").description, "E"))
+    study.add_argument("--I", type=int, help=helps(field("I").description, "I"))
+    study.add_argument("--cycles", type=int, help=helps("number of cycles", "cycles"))
+    study.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (default: embedded tiny policy)")
+    study.add_argument("--max-concurrent", type=int, help="pairs side by side (default: as many as the cluster holds)")
+    study.add_argument("--root", type=Path, default=Path("runs/study"), help="folder of the pairs' run directories")
+    study.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
     return parser.parse_args(argv)
 
 
@@ -241,8 +257,10 @@ def start_ray(address: str | None) -> None:
         # than its driver's refuses the driver.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         # Logical CPUs above the core count: generation, training and sandboxes take turns, not all at once.
-        ray.init(num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False, logging_level=logging.WARNING,
-                 log_to_driver=False)
+        # address="local": a new cluster of this process, never one that `ray start` left recorded in /tmp/ray
+        # (ray.init() without an address joins that one, and then refuses num_cpus)
+        ray.init(address="local", num_cpus=max(4, os.cpu_count() or 1), include_dashboard=False,
+                 logging_level=logging.WARNING, log_to_driver=False)
 
 
 def check_reachable(address: str) -> None:
@@ -345,30 +363,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
-    from whale_ray.sweep import load_sweep, run_sweep, trial_config
+    from whale_ray.sweep import load_sweep
+    from whale_ray.sweep.command import run_command
 
     sweep = load_sweep(args.file)
-    configs = [trial_config(sweep, point, Path(args.root).resolve()) for point in sweep.points]
-    for cfg in configs:
-        check_inputs(cfg)
-    model = base_model(configs[0])
-    start_ray(args.ray_address)
-    import ray
+    return run_command(sweep, args.root, args.ray_address, "index", f"sweep {args.file}, best first by {sweep.metric}")
 
-    try:
-        rows = run_sweep(sweep, args.root, model)
-    finally:
-        ray.shutdown()
-    table = Table(title=f"schedule sweep, best first by {sweep.metric}")
-    for header in ("E", "I", "cycles", "test mean@8", "best val", "best (θ*,h*)"):
-        table.add_column(header)
-    for r in rows:
-        table.add_row(f"{r['E']:g}", str(r["I"]), str(r["cycle"]), f"{r['test_mean8']:.3f}", f"{r['best_val']:.3f}",
-                      r["best"])
-    console.print(table)
-    return 0
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from whale_ray.study import run_study
+
+    return run_study(args)
 
 
 def cmd_build_policy(args: argparse.Namespace) -> int:
@@ -440,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "sweep":
             return cmd_sweep(args)
+        if args.command == "study":
+            return cmd_study(args)
         if args.command == "doctor":
             return cmd_doctor()
         if args.command == "build-policy":

@@ -1,0 +1,46 @@
+"""Ray Tune sweeps over WHALE run settings (`whale sweep`): a search space over any run setting, ASHA on the
+training rollouts spent, trials side by side in their own placement groups, resume from the sweep's root.
+
+    space.py   the sweep file: space, points, search, scheduler, metric; every bad value before any trial
+    trial.py   one trial: a full run in its own run directory and placement group, rows reported to Tune
+    tuner.py   the Tuner (new or restored), ASHA on rollouts, max_concurrent_trials: auto
+    output.py  the table, sweep.png, the Pareto set and best.yaml in the sweep's root
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from whale_ray.sweep.output import TrialRow, ranked, trial_row, write_outputs
+from whale_ray.sweep.space import SweepConfig, edge_configs, load_sweep, parse_sweep
+from whale_ray.sweep.trial import trial_config, trial_values
+
+__all__ = ["SweepConfig", "TrialRow", "edge_configs", "load_sweep", "parse_sweep", "run_sweep"]
+
+
+def _trial_id(result: Any) -> str:
+    if trial_id := result.metrics.get("trial_id"):
+        return trial_id
+    match = re.search(r"_([0-9a-f]{5}_\d{5})", Path(result.path).name)  # Tune's trial folder: <name>_<id>_<tag>
+    return match.group(1) if match else ""
+
+
+def run_sweep(sweep: SweepConfig, root: Path, base_model: str, naming: str = "index") -> list[TrialRow]:
+    """Runs the sweep (or resumes it from `root`); returns one row per trial, best first by the sweep's metric,
+    and writes the table, sweep.png, pareto.csv and best.yaml into `root`. A trial that fails is a row with its
+    error; the others run on."""
+    from whale_ray.sweep.tuner import make_tuner
+
+    root = Path(root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    grid = make_tuner(sweep, root, base_model, naming).fit()
+    rows = []
+    for result in grid:
+        params = result.config
+        run_dir = trial_config(params, _trial_id(result)).run_dir
+        error = None if result.error is None else str(result.error).strip().splitlines()[-1][:200]
+        rows.append(trial_row(Path(run_dir), trial_values(params), error))
+    write_outputs(root, rows, sweep.metric)
+    return ranked(rows, sweep.metric)
