@@ -32,8 +32,10 @@ def run_truth(run: Path) -> dict:
             per_cycle[int(m[2])] = per_cycle.get(int(m[2]), 0) + pq.read_metadata(f).num_rows
     rows = state["history"]
     spent = [sum(n for c, n in per_cycle.items() if c < row["cycle"]) for row in rows]  # row i follows cycle i-1
+    truncated = pq.read_table(eval_file(run, "test", *best), columns=["truncated"]).column("truncated").to_pylist()
     return {"seed": yaml.safe_load((run / "config.yaml").read_text())["seed"],
-            "test": mean_reward(eval_file(run, "test", *best)), "rollouts": sum(per_cycle.values()),
+            "test": mean_reward(eval_file(run, "test", *best)), "truncation": sum(truncated) / len(truncated),
+            "rollouts": sum(per_cycle.values()),
             "spent": spent, "best_val": [row["best_val"] for row in rows]}
 
 
@@ -64,8 +66,10 @@ def test_compare_table_matches_the_runs(small_study, tmp_path, capsys):
         tests = [t["test"] for t in runs]
         mean, std = statistics.mean(tests), statistics.stdev(tests)
         cell = f"{mean * 100:.2f} ± {std * 100:.2f}"
-        line = next(x for x in markdown.splitlines() if x.startswith(f"| {condition} |"))
+        line, metrics_line = [x for x in markdown.splitlines() if x.startswith(f"| {condition} |")][:2]
         assert cell in line and cell in printed, (condition, cell, line)
+        truncation = [t["truncation"] for t in runs]  # the D_test metrics table: truncation rate over seeds
+        assert f"| {statistics.mean(truncation):.3f} ± {statistics.stdev(truncation):.3f} |" in metrics_line
         row = rows[condition]
         assert float(row["test_mean"]) == pytest.approx(mean) and float(row["test_std"]) == pytest.approx(std)
         assert float(row["training_rollouts"]) == pytest.approx(statistics.mean(t["rollouts"] for t in runs))

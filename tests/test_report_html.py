@@ -83,5 +83,6 @@ def test_study_page(small_study, tmp_path, browser):
     seen = load(browser, out / "index.html", tmp_path / "compare.png")
     assert {img["id"] for img in seen["images"]} == {"img-compare", "img-chain"}
     assert seen["tables"][0] == 1 + 2  # a header and a row per condition
-    assert seen["tables"][1] == 1 + 4  # a header and a row per run
+    assert seen["tables"][1] == 1 + 2  # D_test metrics: a header and a row per condition
+    assert seen["tables"][2] == 1 + 4  # a header and a row per run
     assert "[paper]" in seen["text"]

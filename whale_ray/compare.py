@@ -206,8 +206,9 @@ def compare(runs: list[Run], notes: list[str] | None = None) -> Comparison:
 
 
 # ------------------------------------------------------------------------------------------ tables
-def _pm(mean: float, std: Optional[float], scale: float = 100.0) -> str:
-    return f"{mean * scale:.2f} ± {std * scale:.2f}" if std is not None else f"{mean * scale:.2f} (one seed)"
+def _pm(mean: float, std: Optional[float], scale: float = 100.0, digits: int = 2) -> str:
+    m = f"{mean * scale:.{digits}f}"
+    return f"{m} ± {std * scale:.{digits}f}" if std is not None else f"{m} (one seed)"
 
 
 def _opt(x: Optional[float], fmt: str) -> str:
@@ -232,6 +233,22 @@ def table(c: Comparison) -> Grid:
                      _pm(row.test_mean, row.test_std), f"{row.rollouts:,.0f}", reach, _opt(row.reach_ratio, ".2f"),
                      f"{row.proposer_tokens:,.0f}", f"{row.wall_s:,.1f}", _opt(row.paper, ".2f")])
     return Grid(headers, rows, left={0})
+
+
+def metrics_table(c: Comparison) -> Grid | None:
+    """D_test of (θ*, h*) beyond mean@k after the last cycle (truncation rate, the domain's metrics, per-group
+    means), mean ± std over each condition's seeds."""
+    keys = sorted({k for r in c.runs for k in r.rows[-1].test_metrics}, key=lambda k: (k.startswith("group:"), k))
+    if not keys:
+        return None
+    rows = []
+    for row in c.rows:
+        cells = []
+        for k in keys:
+            xs = [r.rows[-1].test_metrics[k] for r in row.runs if k in r.rows[-1].test_metrics]
+            cells.append(_pm(*mean_std(xs), scale=1.0, digits=3) if xs else "-")
+        rows.append([row.condition, *cells])
+    return Grid(["condition", *(k.replace("_", " ") for k in keys)], rows, left={0})
 
 
 def runs_table(c: Comparison) -> Grid:
@@ -261,8 +278,11 @@ def caption(c: Comparison) -> list[str]:
 
 
 def markdown(c: Comparison) -> str:
-    return "\n".join([f"# whale compare: {c.domain}", "", table(c).markdown(), "", *(f"- {x}" for x in caption(c)),
-                      "", "## Runs", "", runs_table(c).markdown(), ""])
+    metrics = metrics_table(c)
+    return "\n".join([f"# whale compare: {c.domain}", "", table(c).markdown(), "", *(f"- {x}" for x in caption(c)), "",
+                      *([f"## D_test beyond {mean_k(c)} of (θ*, h*), mean ± std over seeds", "", metrics.markdown(), ""]
+                        if metrics else []),
+                      "## Runs", "", runs_table(c).markdown(), ""])
 
 
 def condition_csv(c: Comparison) -> str:

@@ -33,7 +33,7 @@ def curves(c: "Comparison") -> dict[str, dict[str, Any]]:
 
 
 def write_study_page(c: "Comparison", out: Path) -> None:
-    from whale_ray.compare import caption, mean_k, runs_table, table
+    from whale_ray.compare import caption, mean_k, metrics_table, runs_table, table
 
     compare_png = plots.compare_curves(curves(c), mean_k(c))
     chain_png = plots.chain_plot({row.condition: [(f"seed {r.cfg.seed}", r.rows) for r in row.runs] for row in c.rows})
@@ -46,5 +46,6 @@ def write_study_page(c: "Comparison", out: Path) -> None:
                       os.path.relpath(page, out) if page.is_file() else None))
     atomic_write_text(out / "index.html", render(
         "study.html", title=f"whale compare: {c.domain}", table=table(c), caption=caption(c), runs=runs_table(c),
+        metrics=metrics_table(c), k=mean_k(c),
         compare_png=compare_png, chain_png=chain_png, links=links,
         generated=datetime.now(timezone.utc).isoformat(timespec="seconds")))
