@@ -576,45 +576,63 @@ def test_coordinator_rejects_leaks_logs_sessions_and_stops_on_the_proposer_budge
     assert "stopped by the proposer budget" in lines and "as D_test leakage" in lines
 
 
+def launch_run(config: Path) -> subprocess.Popen:
+    """`whale run --config` in its own process group (Ray included), as a user starts it."""
+    return subprocess.Popen([sys.executable, "-m", "whale_ray.cli", "run", "--config", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+
+
+def kill_run_when(proc: subprocess.Popen, ready: Callable[[], bool]) -> None:
+    """SIGKILL the whole run (driver, Ray, actors) as soon as `ready()`; pytest's timeout is the only clock."""
+    import signal
+
+    while not ready():
+        assert proc.poll() is None, "the run ended before its kill point"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 @pytest.mark.slow
-def test_resume_neither_reruns_a_finished_session_nor_counts_it_twice(tmp_path, serve, ray_cluster, tiny_policy,
-                                                                      monkeypatch):
-    from actors.coordinator import Coordinator
-    from whale_ray.loop.harness_phase import HarnessSearch
+def test_resume_neither_reruns_a_finished_session_nor_counts_it_twice(tmp_path, serve, tiny_policy):
+    """`whale run` killed (SIGKILL of its process group) twice: while iteration 2's candidates are evaluated,
+    after its proposer session was logged; and inside iteration 3's session, after one of its calls was answered
+    while the proposer waits for the next. The relaunches neither run session 2 again nor lose or double any
+    spending: the aborted session's one call is kept as aborted-1, and iteration 3 runs once, afresh."""
     from whale_ray.run_state import RunState
 
-    server = serve(smart_script([], leak=False))
+    holding = threading.Event()
+    scripted = smart_script([], leak=False)
+
+    def script(body: dict[str, Any], index: int) -> Any:
+        msgs = body["messages"]
+        in_three = "Harness iteration 3" in msgs[1]["content"]
+        if in_three and sum(m["role"] == "assistant" for m in msgs) == 1 and not holding.is_set():
+            holding.set()  # the first launch that reaches here is killed while this request waits
+            return stall(600)
+        return scripted(body, index)
+
+    server = serve(script)
     cfg = coordinator_config(tmp_path / "run", server.base_url)
-    original = HarnessSearch.evaluate_candidates
-
-    def crash_in_iteration_2(self, ids, cycle, iteration):
-        if iteration == 2:
-            raise KeyboardInterrupt("killed after the session of iteration 2 was logged")
-        return original(self, ids, cycle, iteration)
-
-    monkeypatch.setattr(HarnessSearch, "evaluate_candidates", crash_in_iteration_2)
-    first = Coordinator(cfg, tiny_policy)
-    with pytest.raises(KeyboardInterrupt):
-        first.run()
-    stop_actors(first)
-    del first
-    monkeypatch.setattr(HarnessSearch, "evaluate_candidates", original)
-    assert server.sessions() == 1
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({**cfg.model_dump(mode="json"), "policy": {
+        **cfg.model_dump(mode="json")["policy"], "model": tiny_policy}}))
     sdir = cfg.run_dir / "proposer"
-    assert (sdir / "iter-0002" / "session.json").is_file()
-    # as if a second kill had hit iteration 3's session mid-way: its partial log is on disk
-    (sdir / "iter-0003").mkdir()
-    (sdir / "iter-0003" / "session.partial.json").write_text(json.dumps(
-        {"partial": True, "usage": Usage(sessions=1, calls=1, prompt_tokens=700, completion_tokens=70).to_dict()}))
 
-    second = Coordinator(cfg, tiny_policy)
-    second.run()
-    stop_actors(second)
+    kill_run_when(launch_run(config), lambda: (sdir / "iter-0002" / "session.json").is_file())
+    assert server.sessions() == 1
+    kill_run_when(launch_run(config), holding.is_set)
+    assert server.sessions() == 2  # iteration 2's session was not run again
+    partial = json.loads((sdir / "iter-0003" / "session.partial.json").read_text())
+    assert partial["partial"] and partial["usage"]["calls"] == 1  # what the killed session had spent
+    final = launch_run(config)
+    assert final.wait(timeout=900) == 0
+
     state = RunState.load(cfg.run_dir)
     archive = Archive(cfg.run_dir / "archive")
-
     assert state.finished and state.phases_done == ["1:harness:3"]
-    assert server.sessions() == 2  # iteration 2's session was not run again; iteration 3's ran once, afresh
+    assert server.sessions() == 3  # iteration 3 ran once more, afresh
     assert (sdir / "iter-0003" / "aborted-1.json").is_file()
     assert not (sdir / "iter-0003" / "session.partial.json").exists()
     per_iteration = {}
@@ -624,11 +642,11 @@ def test_resume_neither_reruns_a_finished_session_nor_counts_it_twice(tmp_path, 
     assert all(c.status == "evaluated" for c in archive.candidates())
     # the seed was evaluated once
     assert [p.name for p in (cfg.run_dir / "rollouts").glob("harness-*-h0.parquet")] == ["harness-c00-i001-h0.parquet"]
-    # the ledger: two finished sessions (2 calls each) plus the aborted one, each counted once
+    # the ledger: two finished sessions (2 calls each) plus the aborted one (1 call), each counted once
     led = state.ledger
     assert set(state.proposer_sessions) == {"iter-0002/session", "iter-0003/aborted-1", "iter-0003/session"}
     assert led.proposer_sessions == 3 and led.proposer_calls == 5
-    assert led.proposer_prompt_tokens == 4 * 3000 + 700 and led.proposer_completion_tokens == 4 * 500 + 70
+    assert led.proposer_prompt_tokens == 5 * 3000 and led.proposer_completion_tokens == 5 * 500
 
 
 # ================================================================ the command line

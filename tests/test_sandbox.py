@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import textwrap
 import threading
@@ -764,17 +765,26 @@ def test_landlock_confines_writes_and_signals():
 
 
 # ----------------------------------------------------------------------------- host and lifecycle
-def test_auto_without_bwrap_is_setup_error(monkeypatch):
-    monkeypatch.setattr(isolation, "find_bwrap", lambda: None)
-    isolation.reset_probe_cache()
-    try:
-        r = run("def run(task, agent):\n    return 'x'\n", isolation="auto")
-        assert r.status == "sandbox_setup_error"
-        assert "install bubblewrap" in r.reason and "unsafe_none" in r.reason
-    finally:
-        monkeypatch.undo()
-        isolation.reset_probe_cache()
-    assert run("def run(task, agent):\n    return 'x'\n").status == "ok"
+def test_auto_without_bwrap_is_setup_error(tmp_path):
+    """A process whose bubblewrap is missing ($WHALE_BWRAP names a file that is not there): each episode is a
+    sandbox_setup_error saying what to install, and the harness never runs unsandboxed."""
+    marker = tmp_path / "ran"
+    script = textwrap.dedent(f"""
+        import json
+        from whale_ray.sandbox import SandboxLimits, run_episode
+        harness = "def run(task, agent):\\n    open({str(marker)!r}, 'w').write('x')\\n    return 'x'\\n"
+        r = run_episode(harness, {{"id": "t", "question": "q"}}, generate=None, tools_path=None, host_tools={{}},
+                        limits=SandboxLimits(isolation="auto"), seed=1)
+        print(json.dumps({{"status": r.status, "reason": r.reason}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, isolation.BWRAP_ENV: str(tmp_path / "no-such-bwrap")})
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["status"] == "sandbox_setup_error"
+    assert "install bubblewrap" in r["reason"] and "unsafe_none" in r["reason"] and "no-such-bwrap" in r["reason"]
+    assert not marker.exists()
+    assert run("def run(task, agent):\n    return 'x'\n").status == "ok"  # this process's bwrap still works
 
 
 def test_unsafe_none_runs_without_isolation():

@@ -65,9 +65,9 @@ class Proposer(ABC):
         keeps its log while it works (session.partial.json), so a kill loses none of its spending."""
         limits = limits or Limits()
         log = SessionLog(kind=self.kind, iteration=iteration, n=n, limits=limits.to_dict())
+        log.usage.sessions = 1  # from the start: a session killed mid-way (its partial log) was a session too
         proposals = self._session(archive, n, iteration, skill_text=skill_text, seed=seed, limits=limits,
                                   log_path=Path(log_path) if log_path else None, log=log)
-        log.usage.sessions = 1
         log.usage.wall_s = log.elapsed()
         log.proposals = [p.to_dict() for p in proposals]
         self.last_session = log.to_dict(self.secrets())

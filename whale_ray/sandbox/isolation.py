@@ -380,14 +380,21 @@ def bwrap_launcher() -> BwrapLauncher:
     return launcher
 
 
+BWRAP_ENV = "WHALE_BWRAP"  # a bubblewrap binary to use instead of the one on PATH (a newer build, say)
+
+
 def find_bwrap() -> str | None:
+    given = os.environ.get(BWRAP_ENV)
+    if given:
+        return given if os.path.isfile(given) and os.access(given, os.X_OK) else None
     return shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
 
 
 def _probe() -> str | None:
     bwrap = find_bwrap()
     if bwrap is None:
-        return _install_hint("bwrap is not installed")
+        given = os.environ.get(BWRAP_ENV)
+        return _install_hint(f"${BWRAP_ENV}={given} is not an executable file" if given else "bwrap is not installed")
     try:
         python = python_runtime()
     except SetupError as e:
