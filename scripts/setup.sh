@@ -25,6 +25,17 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# strace: tests/test_archive.py injects real disk-full and power-cut faults into rename() with it.
+if ! command -v strace >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    (apt-get update -qq && apt-get install -y -qq strace) >/dev/null
+  elif command -v sudo >/dev/null 2>&1; then
+    (sudo apt-get update -qq && sudo apt-get install -y -qq strace) >/dev/null
+  else
+    echo "setup: strace is missing and cannot be installed without root; the archive's crash tests will skip" >&2
+  fi
+fi
+
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,21 +137,41 @@ def test_read_only(arch: Archive, tmp_path: Path) -> None:
         Archive(tmp_path / "missing", read_only=True)
 
 
-def test_atomicity_unfinished_writes_are_not_evaluated(arch: Archive, tmp_path: Path, monkeypatch) -> None:
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fail_rename_into(root: Path, call: str, target: str, fault: str) -> subprocess.CompletedProcess:
+    """Runs `call` (Python over `archive`, an Archive of `root`) in a subprocess whose rename() into a file named
+    `target` really fails: strace's syscall fault injection answers it ENOSPC ("disk full", fault "ENOSPC")
+    or SIGKILLs the process at it ("power cut", fault "KILL"). Which rename that is comes from a dry run of
+    the same call on a copy of `root` (renames are counted per process; no bytecode is written, so both runs
+    make the same calls)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is missing (scripts/setup.sh installs it): it injects the disk-full and power-cut faults")
+    script = ("import sys\nfrom tests.test_archive import episodes, variant\nfrom whale_ray.archive import Archive\n"
+              f"archive = Archive(sys.argv[1])\n{call}\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(REPO)}
+    dry = root.parent / f"dry-{target}"
+    shutil.copytree(root, dry)
+    trace = root.parent / f"renames-{target}.txt"
+    subprocess.run([strace, "-f", "-qq", "-e", "signal=none", "-e", "trace=rename", "-o", str(trace), sys.executable,
+                    "-c", script, str(dry)], env=env, cwd=REPO, check=True, capture_output=True, timeout=120)
+    targets = [Path(m.group(1)).name for m in re.finditer(r'rename\("[^"]*", "([^"]*)"\)', trace.read_text())]
+    k = targets.index(target) + 1
+    action = {"ENOSPC": "error=ENOSPC", "KILL": "signal=KILL"}[fault]
+    return subprocess.run([strace, "-f", "-qq", "-e", "signal=none", "-o", os.devnull, "-e", "trace=rename",
+                           "-e", f"inject=rename:{action}:when={k}", sys.executable, "-c", script, str(root)],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_atomicity_unfinished_writes_are_not_evaluated(arch: Archive, tmp_path: Path) -> None:
     root = tmp_path / "archive"
     cid = add(arch, variant(3))
-    # a crash during record_evaluation, before scores.json lands
-    real = archive_mod.atomic_write_text
-
-    def crash_on_scores(path, data):
-        if Path(path).name == "scores.json":
-            raise OSError("disk full")
-        real(path, data)
-
-    monkeypatch.setattr(archive_mod, "atomic_write_text", crash_on_scores)
-    with pytest.raises(OSError):
-        arch.record_evaluation(cid, *episodes(5, 10), weight_version=0)
-    monkeypatch.setattr(archive_mod, "atomic_write_text", real)
+    # the disk fills up during record_evaluation, as scores.json is put in place
+    out = fail_rename_into(root, f"archive.record_evaluation({cid!r}, *episodes(5, 10), weight_version=0)",
+                           "scores.json", "ENOSPC")
+    assert out.returncode != 0 and "No space left on device" in out.stderr, out.stderr[-2000:]
     assert (root / cid / "traces.jsonl").exists() and not (root / cid / "scores.json").exists()
 
     # leftovers of other crashes: temp files, a half-built candidate folder, a lying meta.json
@@ -157,7 +181,7 @@ def test_atomicity_unfinished_writes_are_not_evaluated(arch: Archive, tmp_path: 
     (half / "harness.py").write_text(H0)
     (half / "meta.json").write_text(json.dumps({"id": "c009", "status": "evaluated"}))
     (root / ".frontier.json.tmp-1-2").write_text("garbage")
-    lying = add(arch, variant(4))
+    lying = add(Archive(root), variant(4))
     meta = json.loads((root / lying / "meta.json").read_text())
     (root / lying / "meta.json").write_text(json.dumps({**meta, "status": "evaluated", "weight_version": 0}))
 
@@ -170,18 +194,11 @@ def test_atomicity_unfinished_writes_are_not_evaluated(arch: Archive, tmp_path: 
     assert selection.frontier(fresh.candidates()) == []
     assert add(fresh, variant(5)) == "c003"  # the temp folder's id is not taken into account
 
-    # the retry succeeds; a crash after scores.json but before meta.json still counts as evaluated
+    # the retry succeeds; the power goes out after scores.json but before meta.json: still evaluated
     fresh.record_evaluation(cid, *episodes(5, 10), weight_version=0)
-
-    def crash_on_meta(path, data):
-        if Path(path).name == "meta.json":
-            raise OSError("power cut")
-        real(path, data)
-
-    monkeypatch.setattr(archive_mod, "atomic_write_text", crash_on_meta)
-    with pytest.raises(OSError):
-        fresh.record_evaluation("c003", *episodes(6, 10), weight_version=0)
-    monkeypatch.setattr(archive_mod, "atomic_write_text", real)
+    out = fail_rename_into(root, "archive.record_evaluation('c003', *episodes(6, 10), weight_version=0)",
+                           "meta.json", "KILL")
+    assert out.returncode == -9, out.stderr[-2000:]
     reopened = Archive(root)  # rebuilds the views from the folders
     c3 = reopened.get("c003")
     assert c3.status == "evaluated" and c3.weight_version == 0 and c3.success_rate == 0.6
