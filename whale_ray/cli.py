@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import threading
@@ -43,6 +44,7 @@ FLAG_KEYS = {
     "proposer_max_tokens": "harness_phase.max_proposer_tokens",
     "proposer_max_cost": "harness_phase.max_proposer_cost_usd",
     "proposer_max_wall": "harness_phase.max_proposer_wall_s",
+    "serve": "serve.enabled", "serve_port": "serve.port",
 }
 
 
@@ -125,6 +127,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                              "(needs harness_phase.prices for the model)")
     run.add_argument("--proposer-max-wall", type=float, help="cap on proposer wall time in seconds per run")
     run.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    run.add_argument("--serve", action="store_const", const=True,
+                     help="keep the OpenAI-compatible endpoint up for the whole run, following its checkpoints "
+                          "(the config's serve: section; whale serve --help)")
+    run.add_argument("--serve-port", type=int, help=helps("the endpoint's port", "serve.port"))
+    add_serve_parser(sub)
     sub.add_parser("doctor", help="which sandbox isolation layers are active on this machine, and why not")
     status = sub.add_parser("status", help="where a run stands (cycle, phase, rollouts, best, last events), "
                                            "read from its run directory")
@@ -163,6 +170,45 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def add_serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="serve a run's weights (following its checkpoints) or a checkpoint through "
+                                         "Ray Serve with the OpenAI API, and the agent at /v1/agent/run")
+    what = serve.add_mutually_exclusive_group(required=True)
+    what.add_argument("--run-dir", type=Path, help="a run directory: whale-latest (its latest weights) and "
+                                                   "whale-best (θ*), picked up as checkpoints land")
+    what.add_argument("--model", type=Path, help="a Hugging Face checkpoint directory, served as 'whale'")
+    serve.add_argument("--domain", default=default("domain"), help="the agent's domain with --model")
+    serve.add_argument("--harness", type=Path, help="the agent's harness with --model (default: the domain's h0)")
+    serve.add_argument("--isolation", choices=choices("sandbox.isolation"), help="the agent's sandbox with --model")
+    serve.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    serve.add_argument("--host", help=helps("address to listen on", "serve.host"))
+    serve.add_argument("--port", type=int, help=helps("port", "serve.port"))
+    serve.add_argument("--replicas", type=int, help=helps("replicas", "serve.replicas"))
+    serve.add_argument("--min-replicas", type=int, help="autoscaling: at least this many replicas")
+    serve.add_argument("--max-replicas", type=int, help="autoscaling: at most this many replicas")
+    serve.add_argument("--max-concurrent", type=int, help=helps("requests in flight per replica before 429",
+                                                                "serve.max_concurrent"))
+    serve.add_argument("--api-key-env", help="NAME of the environment variable holding the key clients must send")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from whale_ray.serve.launch import SERVE_FLAGS, endpoint_spec, serve_until_interrupted
+
+    try:
+        spec = endpoint_spec(args.run_dir, args.model, args.domain, args.harness, args.isolation,
+                             {k: getattr(args, k) for k in SERVE_FLAGS}, base_model)
+    except ValueError as e:  # ConfigError included: one line naming the input
+        raise InputError(str(e).splitlines()[0]) from None
+    start_ray(args.ray_address)
+    try:
+        serve_until_interrupted(spec, lambda line: console.print(line, highlight=False, soft_wrap=True))
+    finally:
+        import ray
+
+        ray.shutdown()
+    return 0
+
+
 def resolve_config(args: argparse.Namespace) -> WhaleConfig:
     overrides = {key: getattr(args, flag) for flag, key in FLAG_KEYS.items()}
     cfg = load_config(args.config, overrides)
@@ -193,7 +239,8 @@ def check_inputs(cfg: WhaleConfig) -> None:
     check_proposer(cfg)
     from whale_ray.loop import RunDirectory
 
-    if conflicts := RunDirectory(cfg.run_dir).config_conflicts(cfg):
+    conflicts = [c for c in RunDirectory(cfg.run_dir).config_conflicts(cfg) if not c.startswith("serve.")]
+    if conflicts:  # the endpoint (serve.*) is no part of a run's identity
         raise InputError(f"--run-dir {cfg.run_dir}: holds a run with a different config ({'; '.join(conflicts[:5])}); "
                          "relaunch with the same options to resume, or choose another run directory")
 
@@ -345,9 +392,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from whale_ray.report import cycle_table, ledger_lines, mean_at, metrics_table, write_report
     from whale_ray.run_state import CycleRow, RunState
 
-    coordinator = CoordinatorActor.remote(cfg, model)
+    from whale_ray.serve.launch import run_endpoint
+
     try:
-        watch(coordinator, coordinator.run.remote())
+        # the endpoint first (it serves θ0 until the first checkpoint), down after the run however it ends
+        with run_endpoint(cfg, model, console.print) if cfg.serve.enabled else contextlib.nullcontext():
+            coordinator = CoordinatorActor.remote(cfg, model)
+            watch(coordinator, coordinator.run.remote())
     finally:
         ray.shutdown()
     state = RunState.load(cfg.run_dir)
@@ -453,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_build_policy(args)
         if args.command == "status":
             return cmd_status(args)
+        if args.command == "serve":
+            return cmd_serve(args)
         if args.command == "report":
             return cmd_report(args)
         if args.command == "compare":

@@ -99,10 +99,13 @@ class WhaleEndpoint:
         req = api.parse(ChatRequest if chat else CompletionRequest, await request.body())
         n = req.n * (1 if chat else len(req.prompts()))
         release = self.replica.admit(n)
-        try:
-            if not req.stream:
+        if not req.stream:
+            try:
                 body, version = await (self.replica.chat(req) if chat else self.replica.completion(req))
-                return _json(body, version)
+            finally:
+                release()
+            return _json(body, version)
+        try:
             version, chunks = await self.replica.stream(chat, req)
         except BaseException:
             release()

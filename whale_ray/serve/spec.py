@@ -13,7 +13,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel
 
-from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig, load_recorded_config
+from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig, WhaleConfig, load_recorded_config
 from whale_ray.domain import get_domain
 
 LATEST, BEST = "whale-latest", "whale-best"  # the model ids of a followed run
@@ -62,14 +62,20 @@ def for_model(model: str | Path, *, domain: str, harness: str | Path | None, pol
                         serve=serve, api_key_sha256=api_key_sha256(serve.api_key_env))
 
 
-def for_run_dir(run_dir: str | Path, base_model: str, serve: ServeConfig | None = None) -> EndpointSpec:
-    """A run directory's latest weights and θ* (whale-latest, whale-best), and its h* for the agent, with the
-    run's own policy, sandbox and serve settings (`serve` replaces the last)."""
-    root = Path(run_dir).resolve()
-    cfg = load_recorded_config(root / "config.yaml")
+def for_run(cfg: WhaleConfig, base_model: str, serve: ServeConfig | None = None) -> EndpointSpec:
+    """A run's latest weights and θ* (whale-latest, whale-best), and its h* for the agent, with the run's own
+    policy, sandbox and serve settings (`serve` replaces the last). The run directory may not exist yet."""
     serve = serve or cfg.serve
     return EndpointSpec(
         models=[ModelSource(name=LATEST, follow="latest"), ModelSource(name=BEST, follow="best")],
-        run_dir=str(root), base_model=base_model, domain=cfg.domain,
+        run_dir=str(Path(cfg.run_dir).resolve()), base_model=base_model, domain=cfg.domain,
         harness_path=str(cfg.harness or get_domain(cfg.domain).h0_path), policy=cfg.policy, sandbox=cfg.sandbox,
         serve=serve, api_key_sha256=api_key_sha256(serve.api_key_env))
+
+
+def for_run_dir(run_dir: str | Path, base_model: str, serve: ServeConfig | None = None) -> EndpointSpec:
+    """`for_run` of the run recorded in `run_dir` (its config.yaml)."""
+    root = Path(run_dir).resolve()
+    cfg = load_recorded_config(root / "config.yaml")
+    cfg.run_dir = root
+    return for_run(cfg, base_model, serve)

@@ -1,0 +1,178 @@
+"""The endpoint against the same engine in process, side by side in one run, and the pause a weight swap makes.
+
+    .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--requests-per-client 4] [--max-tokens 32]
+
+For 1, 8 and 32 concurrent clients (each sends its requests one after another): requests/s, completion
+tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica, the real `openai.AsyncOpenAI`
+client over loopback HTTP) and through `PolicyService` called in this process, with the same engine settings
+and torch threads; then the ratio endpoint / in-process. Last, 8 streams are read while a new checkpoint lands
+in the followed run directory: the longest gap between two chunks of one stream, with and without the swap.
+Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+MESSAGES = [{"role": "system", "content": "Solve the problem. You can run python."}, {"role": "user", "content": QUESTION}]
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def closed_loop(call, clients: int, per_client: int) -> dict[str, float]:
+    """`clients` clients, each awaiting `per_client` calls in turn; call(seed) -> completion tokens."""
+    latencies: list[float] = []
+    tokens = [0]
+
+    async def client(i: int) -> None:
+        for j in range(per_client):
+            t0 = time.perf_counter()
+            tokens[0] += await call(i * 1000 + j)
+            latencies.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    wall = time.perf_counter() - t0
+    return {"req_s": len(latencies) / wall, "tok_s": tokens[0] / wall, "p50": pct(latencies, 0.5),
+            "p99": pct(latencies, 0.99)}
+
+
+def in_process(model: str, max_tokens: int, levels: list[int], per_client: int) -> dict[int, dict[str, float]]:
+    from whale_ray.policy.serving import PolicyService
+    from whale_ray.records import SamplingParams
+
+    service = PolicyService(model, device="cpu")
+
+    async def call(seed: int) -> int:
+        out = await service.generate(MESSAGES, SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=20,
+                                                              seed=seed))
+        return len(out.completion_ids)
+
+    async def run() -> dict[int, dict[str, float]]:
+        await call(0)  # warm-up
+        return {c: await closed_loop(call, c, per_client) for c in levels}
+    return asyncio.run(run())
+
+
+def through_endpoint(url: str, max_tokens: int, levels: list[int], per_client: int) -> dict[int, dict[str, float]]:
+    import openai
+
+    async def run() -> dict[int, dict[str, float]]:
+        ac = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+
+        async def call(seed: int) -> int:
+            r = await ac.chat.completions.create(model="whale-latest", messages=MESSAGES, max_tokens=max_tokens,
+                                                 temperature=1.0, seed=seed, extra_body={"top_k": 20})
+            return r.usage.completion_tokens
+        await call(0)
+        return {c: await closed_loop(call, c, per_client) for c in levels}
+    return asyncio.run(run())
+
+
+def stream_gaps(url: str, land) -> tuple[float, float, set[str]]:
+    """Longest gap between chunks of 8 concurrent streams: once quiet, once with `land()` called mid-stream."""
+    import openai
+
+    async def streams(swap: bool) -> tuple[float, set[str]]:
+        ac = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600)
+        gaps, prints = [0.0], set()
+
+        async def one(seed: int) -> None:
+            s = await ac.completions.create(model="whale-latest", prompt=QUESTION, max_tokens=96, temperature=1.0,
+                                            seed=seed, stream=True, extra_body={"top_k": 20})
+            last = time.perf_counter()
+            async for ch in s:
+                now = time.perf_counter()
+                gaps[0] = max(gaps[0], now - last)
+                last = now
+                prints.add(ch.system_fingerprint)
+        tasks = [asyncio.create_task(one(i)) for i in range(8)]
+        if swap:
+            await asyncio.sleep(0.3)
+            await asyncio.get_running_loop().run_in_executor(None, land)
+            tasks += [asyncio.create_task(one(100 + i)) for i in range(8)]  # these run on the new weights
+        await asyncio.gather(*tasks)
+        return gaps[0], prints
+    quiet, _ = asyncio.run(streams(False))
+    swapped, prints = asyncio.run(streams(True))
+    return quiet, swapped, prints
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
+    ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    args = ap.parse_args()
+    levels = [1, 8, 32]
+    if args.model is None:
+        from whale_ray.domain import get_domain
+        from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
+
+        args.model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
+    torch.set_num_threads(2)  # the replica's (replica_cpus 2, below)
+    local = in_process(args.model, args.max_tokens, levels, args.requests_per_client)
+
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from whale_ray.config import ServeConfig, dump_config, load_config
+    from whale_ray.run_state import RunState
+    from whale_ray.serve.app import deploy, undeploy
+    from whale_ray.serve.spec import for_run_dir
+
+    root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    (root / "config.yaml").write_text(dump_config(load_config(None, {"run_dir": str(root)})))  # as a run writes it
+    RunState().save(root)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    url = deploy(for_run_dir(root, args.model, ServeConfig(port=port, replicas=1, replica_cpus=2, max_concurrent=64)))
+    try:
+        remote = through_endpoint(url, args.max_tokens, levels, args.requests_per_client)
+
+        def land() -> float:
+            t0 = time.perf_counter()
+            model = AutoModelForCausalLM.from_pretrained(args.model)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(1.01)
+            model.save_pretrained(root / "checkpoints" / "v00001")
+            state = RunState(weight_version=1, checkpoint="checkpoints/v00001")
+            state.save(root)
+            return time.perf_counter() - t0
+        quiet, swapped, prints = stream_gaps(url, land)
+    finally:
+        undeploy()
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+    print(f"model {args.model}; {args.requests_per_client} requests per client, max_tokens {args.max_tokens}, "
+          f"T 1, top-k 20; endpoint: 1 replica, 2 torch threads, as in process")
+    print(f"{'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} | "
+          f"{'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} | {'req/s ratio':>11} {'tok/s ratio':>11}")
+    for c in levels:
+        a, b = local[c], remote[c]
+        print(f"{c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} {a['p99']:>6.3f} | "
+              f"{b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} {b['p99']:>6.3f} | "
+              f"{b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}")
+    print(f"longest gap between two chunks of a stream (8 streams, 96 tokens): {quiet:.3f} s quiet, "
+          f"{swapped:.3f} s with a checkpoint landing mid-stream ({swapped / quiet:.1f}x); versions seen: "
+          f"{', '.join(sorted(p for p in prints if p))}")
+
+
+if __name__ == "__main__":
+    main()

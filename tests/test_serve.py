@@ -1,0 +1,340 @@
+"""The live endpoint (whale_ray/serve/): one real Serve app with 2 replicas on a local Ray cluster, following a
+run directory that the tests write checkpoints into as a run does; the real `openai` client over loopback.
+
+Swap semantics under test: a request in flight finishes on the weights it started with (its text equals the
+in-process engine's on those weights); a request that starts after a checkpoint is on record runs on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import textwrap
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+
+from whale_ray.rsft import TOKENIZER_FILES
+
+pytestmark = pytest.mark.timeout(300)
+
+KEY_ENV, KEY = "WHALE_SERVE_TEST_KEY", "sk-whale-test-not-a-secret"
+QUESTION = [{"role": "system", "content": "Solve the problem. You can run python."},
+            {"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Run:
+    """A run directory written the way whale_ray/loop does: checkpoint first, then state.json atomically."""
+
+    def __init__(self, root: Path, base: str):
+        from transformers import AutoModelForCausalLM
+
+        from whale_ray.run_state import RunState
+
+        self.root, self.base, self.state = root, base, RunState()
+        self.model = AutoModelForCausalLM.from_pretrained(base)
+        self.state.save(root)
+
+    def land(self, version: int) -> Path:
+        """New weights v<version> (the base model, perturbed) on record; older checkpoints pruned."""
+        torch.manual_seed(version)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.add_(0.05 * p.std() * torch.randn_like(p))
+        path = self.root / "checkpoints" / f"v{version:05d}"
+        self.model.save_pretrained(path)
+        for name in TOKENIZER_FILES:  # as RSFTLearner.save does
+            if (Path(self.base) / name).is_file():
+                shutil.copy2(Path(self.base) / name, path / name)
+        old = self.state.checkpoint
+        self.state.weight_version, self.state.checkpoint = version, str(path.relative_to(self.root))
+        self.state.save(self.root)
+        if old:
+            shutil.rmtree(self.root / old)
+        return path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_policy):
+    import ray
+
+    from tests.conftest import small_config
+    from whale_ray.config import ServeConfig, dump_config
+    from whale_ray.serve.app import deploy, undeploy
+    from whale_ray.serve.spec import for_run_dir
+
+    root = tmp_path_factory.mktemp("served_run")
+    (root / "config.yaml").write_text(dump_config(small_config(root)))
+    run = Run(root, tiny_policy)
+    os.environ[KEY_ENV] = KEY
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    spec = for_run_dir(root, tiny_policy, ServeConfig(port=port, replicas=2, max_concurrent=40,
+                                                      api_key_env=KEY_ENV, poll_s=0.2))
+    url = deploy(spec)
+    yield url, run
+    undeploy()
+    if started_here:
+        ray.shutdown()
+
+
+def client(url: str, **kw) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, **kw)
+
+
+def in_process(checkpoint: str, version: int, messages=None, prompt=None, **sampling) -> str:
+    return generate_in_process(checkpoint, version, messages, prompt, **sampling).text
+
+
+def generate_in_process(checkpoint: str, version: int, messages=None, prompt=None, **sampling):
+    from whale_ray.policy.engine import GenerationRequest, TransformersEngine
+    from whale_ray.records import SamplingParams
+
+    engine = TransformersEngine(checkpoint, device="cpu", version=version)
+    return engine.generate([GenerationRequest(messages or [], SamplingParams(**sampling), prompt=prompt)])[0]
+
+
+def test_chat_sync_async_and_streaming(served, tiny_policy):
+    url, _ = served
+    c = client(url)
+    assert [m.id for m in c.models.list()] == ["whale-latest", "whale-best"]
+    raw = c.chat.completions.with_raw_response.create(model="whale-latest", messages=QUESTION, max_tokens=12,
+                                                      temperature=0)
+    r = raw.parse()
+    assert raw.headers["x-whale-weight-version"] == "0" and r.system_fingerprint == "whale-v0"
+    assert r.choices[0].message.content == in_process(tiny_policy, 0, QUESTION, max_tokens=12, temperature=0)
+    assert r.usage.completion_tokens <= 12 and r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+    r = c.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=6, n=3, seed=5, top_p=0.9,
+                                  logprobs=True, top_logprobs=3, extra_body={"top_k": 20})
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    again = c.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=6, n=3, seed=5, top_p=0.9,
+                                      extra_body={"top_k": 20})
+    assert [ch.message.content for ch in again.choices] == [ch.message.content for ch in r.choices]  # seeded
+    first = r.choices[0].logprobs.content[0]
+    assert len(first.top_logprobs) == 3 and first.top_logprobs[0].logprob >= first.top_logprobs[1].logprob
+    assert r.usage.completion_tokens == sum(len(ch.logprobs.content) for ch in r.choices)
+
+    async def many() -> list[str]:
+        ac = openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0)
+        rs = await asyncio.gather(*(ac.chat.completions.create(model="whale-best", messages=QUESTION, max_tokens=8,
+                                                               temperature=0) for _ in range(8)))
+        return [x.choices[0].message.content for x in rs]
+    assert set(asyncio.run(many())) == {in_process(tiny_policy, 0, QUESTION, max_tokens=8, temperature=0)}
+
+    # streamed: the deltas join to the non-streamed text, a stop string cuts both the same way
+    for stop in (None, ["1"], ["\n\n"]):
+        whole = c.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=16, temperature=0,
+                                          stop=stop).choices[0]
+        chunks = list(c.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=16,
+                                                temperature=0, stop=stop, stream=True,
+                                                stream_options={"include_usage": True}))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        assert text == whole.message.content
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == whole.finish_reason
+        assert chunks[-1].usage.completion_tokens > 0 and {ch.system_fingerprint for ch in chunks} == {"whale-v0"}
+
+
+def test_text_completions(served, tiny_policy):
+    url, _ = served
+    c = client(url)
+    prompt = "Tom has 3 apples and buys 4 more."
+    r = c.completions.create(model="whale-latest", prompt=prompt, max_tokens=10, temperature=0, logprobs=2)
+    assert r.choices[0].text == in_process(tiny_policy, 0, prompt=prompt, max_tokens=10, temperature=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == r.usage.completion_tokens
+    assert "".join(lp.tokens) == r.choices[0].text or r.choices[0].finish_reason == "stop"
+    r = c.completions.create(model="whale-latest", prompt=[prompt, "What is 2 + 2?"], n=2, max_tokens=4, seed=1)
+    assert len(r.choices) == 4
+
+    async def streamed() -> str:
+        ac = openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0)
+        stream = await ac.completions.create(model="whale-latest", prompt=prompt, max_tokens=10, temperature=0,
+                                             stream=True)
+        return "".join([ch.choices[0].text async for ch in stream])
+    assert asyncio.run(streamed()) == in_process(tiny_policy, 0, prompt=prompt, max_tokens=10, temperature=0)
+
+
+def _post(url: str, body: bytes | dict, key: str | None = KEY, path: str = "/chat/completions"):
+    import httpx2
+
+    headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
+    content = json.dumps(body).encode() if isinstance(body, dict) else body
+    return httpx2.post(url + path, content=content, headers=headers, timeout=120)
+
+
+OK = {"model": "whale-latest", "messages": QUESTION, "max_tokens": 4}
+
+
+@pytest.mark.parametrize("body,key,status,param", [
+    (b'{"model": "whale-latest", "messages": [', KEY, 400, None),  # malformed JSON
+    ({**OK, "max_tokens": "many"}, KEY, 400, "max_tokens"),  # a field of the wrong type
+    ({**OK, "messages": [{"role": "user", "content": 7}]}, KEY, 400, "messages.0.content"),
+    ({**OK, "tools": [{"type": "function"}]}, KEY, 400, "tools"),  # not implemented: refused, not ignored
+    ({**OK, "max_tokens": 0}, KEY, 400, "max_tokens"),
+    ({**OK, "top_p": 0}, KEY, 400, "top_p"),
+    ({**OK, "model": "gpt-9"}, KEY, 404, "model"),
+    ({**OK, "messages": [{"role": "user", "content": "7" * 4000}]}, KEY, 413, "messages"),
+    (OK, None, 401, None),
+    (OK, "sk-wrong", 401, None),
+])
+def test_bad_input_is_an_error_object_and_the_server_keeps_serving(served, body, key, status, param):
+    url, _ = served
+    r = _post(url, body, key)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param and "Traceback" not in r.text
+    assert _post(url, OK).status_code == 200
+
+
+def test_overload_is_429_with_retry_after(served):
+    import httpx2
+
+    url, _ = served
+
+    async def burst() -> list:
+        async with httpx2.AsyncClient(timeout=120) as h:
+            body = {**OK, "max_tokens": 48, "temperature": 1.0}
+            return await asyncio.gather(*(h.post(url + "/chat/completions", json=body,
+                                                 headers={"authorization": f"Bearer {KEY}"}) for _ in range(120)))
+    replies = asyncio.run(burst())
+    codes = [r.status_code for r in replies]
+    assert set(codes) == {200, 429} and codes.count(200) >= 40  # 2 replicas x 40 admitted at most at once
+    refused = next(r for r in replies if r.status_code == 429)
+    assert refused.headers["retry-after"] == "1" and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert _post(url, OK).status_code == 200
+
+
+def test_hot_swap_under_load(served):
+    """32 clients while 5 new checkpoints land: no failure, each client's versions never go down, nothing that
+    started after a checkpoint was on record runs on older weights (on either replica), a stream in flight
+    finishes on the weights it started with, and greedy outputs after each swap equal the in-process engine's."""
+    url, run = served
+    stream_prompt = "Tom has 3 apples and buys 4 more. How many"
+
+    async def main() -> None:
+        ac = openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0)
+        go, stop = asyncio.Event(), False
+        busy = [0]
+        seen: list[list[int]] = [[] for _ in range(32)]
+        log: list[tuple[int, int]] = []  # (swaps on record when the request started, version it ran on)
+        landed = [0]
+
+        async def worker(i: int) -> None:
+            while not stop:
+                await go.wait()
+                busy[0] += 1
+                on_record = landed[0]
+                try:
+                    r = await ac.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=8,
+                                                         seed=i)
+                finally:
+                    busy[0] -= 1
+                v = int(r.system_fingerprint.removeprefix("whale-v"))
+                seen[i].append(v)
+                log.append((on_record, v))
+
+        workers = [asyncio.create_task(worker(i)) for i in range(32)]
+        previous = None
+        for version in range(1, 6):
+            go.set()
+            while min(len(s) for s in seen) < 2 * version:  # every client works between two swaps
+                await asyncio.sleep(0.05)
+            if version == 3:  # a stream in flight across the swap
+                expected = in_process(str(run.root / run.state.checkpoint), 2, prompt=stream_prompt, max_tokens=60,
+                                      temperature=0)
+                stream = await ac.completions.create(model="whale-latest", prompt=stream_prompt, max_tokens=60,
+                                                     temperature=0, stream=True)
+                chunks = [await stream.__anext__()]
+            path = run.land(version)
+            landed[0] = version
+            if version == 3:
+                chunks += [ch async for ch in stream]
+                assert {ch.system_fingerprint for ch in chunks} == {"whale-v2"}
+                text = "".join(ch.choices[0].text for ch in chunks)
+                assert text == expected and len(chunks) > 10  # many engine steps: the swap came mid-stream
+                assert text != in_process(str(path), 3, prompt=stream_prompt, max_tokens=60, temperature=0)
+            go.clear()
+            while busy[0]:
+                await asyncio.sleep(0.01)
+            greedy = await ac.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=12,
+                                                      temperature=0, logprobs=True)
+            assert greedy.system_fingerprint == f"whale-v{version}"
+            mine = generate_in_process(str(path), version, QUESTION, max_tokens=12, temperature=0)
+            assert greedy.choices[0].message.content == mine.text
+            served_lps = [t.logprob for t in greedy.choices[0].logprobs.content]
+            assert served_lps == pytest.approx(mine.logprobs, abs=1e-4)
+            if previous is not None:  # the check has teeth: the last weights' log-probs are not these
+                assert served_lps != pytest.approx(previous.logprobs[:len(served_lps)], abs=1e-3)
+            previous = mine
+        stop = True
+        go.set()
+        await asyncio.gather(*workers)
+        assert all(s == sorted(s) for s in seen)  # each client's versions never go down
+        assert all(v >= on_record for on_record, v in log)
+        assert {v for s in seen for v in s} == set(range(0, 6))
+    asyncio.run(main())
+
+
+REDTEAM = textwrap.dedent('''
+    import os, socket
+
+    def run(task, agent):
+        found = ["env:" + ("LEAK" if os.environ.get(KEY_ENV) else "clean")]
+        for name, attempt in [("rundir", lambda: open(RUN_DIR + "/state.json").read()),
+                              ("gold", lambda: agent.tool("verify", answer="7")),
+                              ("net", lambda: socket.create_connection(("127.0.0.1", PORT), timeout=2))]:
+            try:
+                attempt()
+                found.append(name + ":LEAK")
+            except BaseException as e:
+                found.append(name + ":blocked")
+        agent.generate([{"role": "user", "content": task["question"]}], max_tokens=4)
+        return " ".join(found)
+''')
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_agent_run_h0_then_a_red_team_h_star(served):
+    """h0 of math (the run has no h* yet), then a red-team harness that the run accepts as h*: it runs in the
+    sandbox with the public task only; the key, the run directory, the tools it has not got and the network
+    are out of its reach, and the endpoint goes on serving."""
+    from whale_ray.archive import Archive
+    from whale_ray.run_state import Selection
+
+    url, run = served
+    task = {"id": "t1", "question": "Tom has 3 apples and buys 4 more. How many apples does he have?"}
+    r = _post(url, {"task": task, "seed": 1}, path="/agent/run")
+    assert r.status_code == 200, r.text
+    reply = r.json()
+    assert reply["harness_id"] == "h0" and reply["status"] == "ok" and reply["turns"] == len(reply["model_calls"]) >= 1
+    assert r.headers["x-whale-weight-version"] == str(run.state.weight_version)
+    assert {c["weight_version"] for c in reply["model_calls"]} == {run.state.weight_version}
+    assert "reward" not in reply and "answer" not in reply["model_calls"][0]["messages"][-1]
+    assert reply["answer"] == reply["model_calls"][-1]["completion"] or reply["tool_calls"]  # h0: the text as is
+    assert _post(url, {"task": {**task, "answer": "7"}}, path="/agent/run").status_code == 400  # no gold goes in
+
+    archive = Archive(run.root / "archive")
+    source = f"KEY_ENV, RUN_DIR, PORT = {KEY_ENV!r}, {str(run.root)!r}, {int(url.split(':')[2].split('/')[0])}\n"
+    cid = archive.add_candidate(source + REDTEAM, parent=None, hypothesis="red team", iteration=1, cycle=0)
+    run.state.best = Selection(weight_version=run.state.weight_version, checkpoint=run.state.checkpoint,
+                               harness_id=cid, val=0.0)
+    run.state.save(run.root)
+    reply = _post(url, {"task": task}, path="/agent/run").json()
+    assert reply["harness_id"] == cid and reply["status"] == "ok", reply
+    assert reply["answer"] == "env:clean rundir:blocked gold:blocked net:blocked"
+    assert _post(url, OK).status_code == 200
