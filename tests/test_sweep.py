@@ -173,3 +173,19 @@ def test_asha_sweep_stops_laggards_runs_side_by_side_and_resumes_after_sigkill(t
     assert (root / "sweep.png").stat().st_size > 0 and (root / "pareto.csv").is_file()
     best = load_config(root / "best.yaml", {})
     assert Path(best.harness).name == "good.py" and best.run_dir.name.startswith("best-")
+
+
+def test_a_root_holding_another_sweep_is_refused(tmp_path, capsys):
+    from whale_ray.cli import main
+    from whale_ray.sweep import RECORD
+
+    root = tmp_path / "root"
+    root.mkdir()
+    first = parse_sweep({"points": [[0.2, 2]]})
+    (root / RECORD).write_text(yaml.safe_dump(first.model_dump(mode="json")))
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({"points": [[0.2, 2], [0.6, 6]]}))
+    assert main(["sweep", str(other), "--root", str(root)]) == 2
+    out = capsys.readouterr().out.strip()
+    assert "\n" not in out and f"--root {root}: holds another sweep (differs in points)" in out
+    assert sorted(p.name for p in root.iterdir()) == [RECORD]  # nothing started

@@ -13,11 +13,30 @@ import re
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from whale_ray.config import ConfigError, dotted_keys
+from whale_ray.storage import atomic_write_text
 from whale_ray.sweep.output import TrialRow, ranked, trial_row, write_outputs
 from whale_ray.sweep.space import SweepConfig, edge_configs, load_sweep, parse_sweep
 from whale_ray.sweep.trial import trial_config, trial_values
 
-__all__ = ["SweepConfig", "TrialRow", "edge_configs", "load_sweep", "parse_sweep", "run_sweep"]
+__all__ = ["SweepConfig", "TrialRow", "check_root", "edge_configs", "load_sweep", "parse_sweep", "run_sweep"]
+
+
+RECORD = "sweep.yaml"  # in the root: the sweep as first launched, so a relaunch resumes the same sweep
+
+
+def check_root(sweep: SweepConfig, root: Path) -> None:
+    """A root that holds another sweep is one line: a restored Tuner would mix the old trials with the new file."""
+    path = Path(root) / RECORD
+    if not path.is_file():
+        return
+    recorded = dotted_keys(yaml.safe_load(path.read_text()) or {})
+    given = dotted_keys(sweep.model_dump(mode="json"))
+    if differ := sorted(k for k in set(recorded) | set(given) if recorded.get(k) != given.get(k)):
+        raise ConfigError(f"--root {root}: holds another sweep (differs in {', '.join(differ[:5])}); rerun with the "
+                          "same sweep to resume it, or choose another root")
 
 
 def _trial_id(result: Any) -> str:
@@ -35,6 +54,9 @@ def run_sweep(sweep: SweepConfig, root: Path, base_model: str, naming: str = "in
 
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    check_root(sweep, root)
+    if not (root / RECORD).is_file():
+        atomic_write_text(root / RECORD, yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False))
     grid = make_tuner(sweep, root, base_model, naming).fit()
     rows = []
     for result in grid:

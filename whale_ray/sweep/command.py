@@ -15,7 +15,9 @@ def check_trials(sweep: SweepConfig, root: Path, naming: str) -> str:
     model, proposer); with fixed names (a study), a run directory holding another config is an error too.
     Returns the base model (the embedded policy is built here, once, before Ray starts)."""
     from whale_ray import cli
+    from whale_ray.sweep import check_root
 
+    check_root(sweep, root)
     configs = edge_configs(sweep)
     for cfg in configs:
         cfg.run_dir = Path(root).resolve() / "unsampled"  # a sweep's run directories are named by Tune's trial ids
