@@ -318,6 +318,21 @@ def default_out(paths: list[Path]) -> Path:
     return Path(paths[0]) / "compare" if len(paths) == 1 else Path("compare")
 
 
+def curves(c: Comparison) -> dict[str, dict[str, list]]:
+    """Per condition and cycle: mean training rollouts spent, and val and test of (θ*, h*) as mean and std over
+    seeds. Seeds are aligned by cycle (they share the budget); a condition's curve stops at its shortest run."""
+    out = {}
+    for row in c.rows:
+        n = min(len(r.rows) for r in row.runs)
+        cum = [r.cumulative_rollouts() for r in row.runs]
+        val = [mean_std([r.rows[i].best_val for r in row.runs]) for i in range(n)]
+        test = [mean_std([r.rows[i].test_mean8 for r in row.runs]) for i in range(n)]
+        out[row.condition] = {"rollouts": [statistics.fmean(x[i] for x in cum) for i in range(n)],
+                              "val": [m for m, _ in val], "val_std": [s for _, s in val],
+                              "test": [m for m, _ in test], "test_std": [s for _, s in test], "n": row.n}
+    return out
+
+
 def write_comparison(c: Comparison, out: Path) -> Path:
     from whale_ray.report.study_page import write_study_page
 
@@ -326,5 +341,8 @@ def write_comparison(c: Comparison, out: Path) -> Path:
     atomic_write_text(out / "compare.md", markdown(c))
     atomic_write_text(out / "compare.csv", condition_csv(c))
     atomic_write_text(out / "runs.csv", runs_csv(c))
-    write_study_page(c, out)
+    write_study_page(out, domain=c.domain, k=mean_k(c), table=table(c), caption=caption(c), metrics=metrics_table(c),
+                     runs=runs_table(c), curves=curves(c),
+                     chains={row.condition: [(f"seed {r.cfg.seed}", r.rows) for r in row.runs] for row in c.rows},
+                     run_dirs=[(r.condition, r.cfg.seed, r.path) for r in c.runs])
     return out
