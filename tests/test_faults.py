@@ -67,3 +67,34 @@ def test_a_run_survives_losing_each_role_and_finishes_in_the_same_launch(tmp_pat
     at_kill = next(f for f in fired if f.target == "policy_server").state_at_kill["weight_version"]
     assert at_kill > 0 and restarted["PolicyServer"]["version"] == at_kill
     assert "rolled_back" not in kinds  # all four were absorbed where they happened
+
+
+@pytest.mark.slow
+def test_the_other_kills_and_the_retriever(tmp_path, ray_cluster, embedded_policy, bwrap):
+    """The complementary kills, on search_qa (whose Retriever is a service actor): ray.kill of the PolicyServer
+    and of an evaluator in a weight phase, SIGKILL of the Retriever and of the idle Trainer in a harness phase,
+    ray.kill of the Retriever in the next weight phase."""
+    cfg = small_config(tmp_path / "run", condition="whale", domain="search_qa", sandbox__evaluators=2,
+                       faults__poll_s=0.3)
+    faults = [Fault("policy_server", "ray_kill", "weight", cycle=0, after_units=1),
+              Fault("evaluator", "ray_kill", "weight", cycle=0, after_units=1),
+              Fault("retriever", "sigkill", "harness", cycle=0, after_units=1),
+              Fault("trainer", "sigkill", "harness", cycle=0, after_units=1),
+              Fault("retriever", "ray_kill", "weight", cycle=1, after_units=1)]
+    coordinator = Coordinator(cfg, embedded_policy("search_qa"))
+    fired = []
+    with Injector(coordinator, cfg.run_dir, faults, on_fire=fired.append) as injector:
+        coordinator.run()
+    assert not injector.errors, injector.errors
+    assert len(fired) == len(faults)
+    state = json.loads((cfg.run_dir / "state.json").read_text())
+    assert state["finished"]
+    check_ledger(cfg, cfg.run_dir, state)
+    check_selection(cfg.run_dir, state)
+    assert state["weight_version"] == state["ledger"]["weight_steps"]
+    assert check_call_versions(cfg.run_dir) > 0
+    events = read_events(cfg.run_dir)
+    kinds = [e["kind"] for e in events]
+    restarted = [e["actor"] for e in events if e["kind"] == "actor_restarted"]
+    assert set(restarted) == {"PolicyServer", "Trainer", "Retriever"} and restarted.count("Retriever") == 2
+    assert "evaluator_lost" in kinds and "rolled_back" not in kinds

@@ -67,7 +67,8 @@ class SearchQADomain(Domain):
         restarts = cfg.faults.actor_restarts
         options = {**(placement or Placement()).options("retriever", cfg.resources.retriever),
                    "max_restarts": restarts, "max_task_retries": restarts}
-        return {"retriever": start_retriever(r, generator.corpus(cfg.seed) if use_generated else None, options=options)}
+        return {"retriever": start_retriever(r, generator.corpus(cfg.seed) if use_generated else None, options=options,
+                                             events_dir=str(cfg.run_dir))}
 
     def host_tools(self, services: dict[str, Any]) -> dict[str, Callable[..., str]]:
         """{"search": search(query, topk=1) -> str}; services["retriever"] is a Retriever actor handle or

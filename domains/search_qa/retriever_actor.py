@@ -18,14 +18,20 @@ MAX_CONCURRENCY = 8  # concurrent searches; an HTTP backend spends most of its t
 
 @ray.remote
 class Retriever:
-    def __init__(self, retrieval: RetrievalConfig, passages: list[Passage] | None = None):
-        """`passages`: the generated corpus, used unless `retrieval` names a corpus file or an HTTP service."""
+    def __init__(self, retrieval: RetrievalConfig, passages: list[Passage] | None = None, events_dir: str | None = None):
+        """`passages`: the generated corpus, used unless `retrieval` names a corpus file or an HTTP service;
+        `events_dir`: the run directory, whose events.jsonl hears of a restart."""
         self._backend: SearchBackend | None = None
         self._start_error: Exception | None = None
         try:
             self._backend = build_retriever(retrieval, passages)
         except Exception as e:  # kept for describe(): Ray would turn it into an ActorDiedError without a cause
             self._start_error = e
+        if events_dir and ray.get_runtime_context().was_current_actor_reconstructed:
+            from whale_ray.events import EventLog
+
+            EventLog(events_dir).emit("actor_restarted", "the Retriever was restarted by Ray and has built its index "
+                                      "again", actor="Retriever")
 
     def _ready(self) -> SearchBackend:
         if self._backend is None:
@@ -43,11 +49,11 @@ class Retriever:
 
 
 def start_retriever(retrieval: RetrievalConfig, passages: list[Passage] | None = None,
-                    options: dict[str, Any] | None = None) -> "ray.actor.ActorHandle":
+                    options: dict[str, Any] | None = None, events_dir: str | None = None) -> "ray.actor.ActorHandle":
     """A started Retriever (`options`: its Ray `.options()`, from config resources.retriever). Waits until its
     index is built, so a bad corpus or model fails here, with the original exception (a DataError, say)."""
     handle = Retriever.options(**(options or {"num_cpus": 0}), max_concurrency=MAX_CONCURRENCY).remote(
-        retrieval, passages)
+        retrieval, passages, events_dir)
     try:
         ray.get(handle.describe.remote())
     except ray.exceptions.RayTaskError as e:
