@@ -100,11 +100,10 @@ def chain_plot(chains: dict[str, list[tuple[str, list[CycleRow]]]]) -> bytes:
     was scored with), labelled with the harness id where the accepted harness changes."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, len(chains), figsize=(3.6 * len(chains), 3.2), sharey=True, squeeze=False)
-    from matplotlib.ticker import MaxNLocator
-
+    cycles = sorted({r.cycle for runs in chains.values() for _, rows in runs for r in rows}) or [0]
     for ax, (condition, runs) in zip(axes[0], chains.items()):
-        ax.set(title=condition, xlabel="cycle", ylim=(-0.05, 1.1))
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set(title=condition, xlabel="cycle", ylim=(-0.05, 1.1), xlim=(cycles[0] - 0.5, cycles[-1] + 0.5))
+        ax.set_xticks(cycles)
         ax.grid(alpha=0.3)
         drawn = False
         for label, rows in runs:
