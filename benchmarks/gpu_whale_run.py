@@ -17,6 +17,17 @@ A weight phase's wall time includes the training steps and the weight sync, not 
 accepted episodes to train on and the weight sync into the running engine is exercised even with a small
 policy that solves nothing yet; --harness h0 starts from the domain's own h0.
 
+Seen on the H200 (2026-12-01, scripts/gpu/whale_run_h200.sh; sandbox unsafe_none: user namespaces were off
+there; the 60-step embedded math policy, --harness guessing; both runs finished, 8 weight steps each):
+
+    engine        phase    rollouts   wall s rollouts/s  vs transformers
+    vllm          weight       1024     84.8      12.07  1.95x
+    vllm          harness       462     11.4      40.70  3.75x
+    vllm          run                  166.7             rc=0 finished=True weight_version=8 steps=8
+    transformers  weight       1024    165.4       6.19  1.00x
+    transformers  harness       462     42.6      10.85  1.00x
+    transformers  run                  288.2             rc=0 finished=True weight_version=8 steps=8
+
     python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --root /tmp/gpu-runs
     python benchmarks/gpu_whale_run.py --device cpu --engines transformers --size tiny     # a CPU check
 """

@@ -134,15 +134,20 @@ def test_seeded_request_alone_and_in_company(engines):
     assert crowd[-1].completion_ids == alone.completion_ids
 
 
-def test_reload_in_place_then_greedy_equals_transformers(engines, policy):
+@pytest.mark.parametrize("form", ["gpu_bf16", "trainer_cpu_fp32"])
+def test_reload_in_place_then_greedy_equals_transformers(engines, policy, form):
+    """From GPU tensors in the engine's dtype, and in the form the Trainer sends them in a `whale run`
+    (RSFTLearner.state_dict: float32 copies on the CPU, cast by load_weights)."""
     v, ref = engines
     reqs = [ask(q, max_tokens=32, temperature=0.0) for q in QUESTIONS]
     before = v.generate(reqs)  # fills the prefix cache with these prompts
-    torch.manual_seed(0)
+    torch.manual_seed(0 if form == "gpu_bf16" else 1)
     new = {k: (t + 0.02 * torch.randn_like(t)).to(torch.float32) for k, t in ref.model.state_dict().items()}
     new["lm_head.weight"] = new["model.embed_tokens.weight"]  # tied: one tensor under both names
     version = v.version
-    v.load_weights({k: t.to("cuda", torch.bfloat16) for k, t in new.items()}, version + 1)
+    sent = {k: t.to("cuda", torch.bfloat16) for k, t in new.items()} if form == "gpu_bf16" else \
+        {k: t.detach().to("cpu", copy=True) for k, t in new.items()}
+    v.load_weights(sent, version + 1)
     ref.load_weights(new, version + 1)
     after, want = v.generate(reqs), ref.generate(reqs)
     assert v.version == version + 1 and all(o.weight_version == version + 1 for o in after)

@@ -11,8 +11,10 @@ if [ ! -d $S/ray ]; then
   cat ~/rparts/ray.part.? | python3 -c "import sys,tarfile;tarfile.open(fileobj=sys.stdin.buffer,mode='r|xz').extractall(sys.argv[1],filter='fully_trusted')" $S
   python3 -m pip install -q --no-index --no-deps --no-compile --target $S ~/rdeps/*.whl
 fi
-chmod +x ~/rbin/bwrap
+# where the sandbox's unprivileged uid can run it (not under /root, which it cannot enter: seen there). The
+# H200's kernel had user namespaces off when this ran (whale doctor), so runs there fell back to unsafe_none.
+install -m 755 ~/rbin/bwrap /usr/local/bin/bwrap
 # the checkout on the path (the `whale` entry point is `python3 -m whale_ray.cli`); NVLink multicast stays off
-export PYTHONPATH=$S:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=~/rbin:$PATH NCCL_NVLS_ENABLE=0 \
+export PYTHONPATH=$S:$PWD${PYTHONPATH:+:$PYTHONPATH} NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 RAY_USAGE_STATS_ENABLED=0
 python3 -c "import ray, libcst, jsonschema, pydantic, chess; print('ray', ray.__version__, 'pydantic', pydantic.__version__)"
