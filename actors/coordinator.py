@@ -24,6 +24,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 from actors.evaluator_pool import EvaluatorPool
 from actors.harness_proposer import HarnessProposer
 from actors.policy_server import PolicyServer
+from actors.sandbox_evaluator import PolicyLost
 from actors.trainer import StaleTrainer, Trainer
 from whale_ray.config import WhaleConfig
 from whale_ray.domain import get_domain
@@ -37,7 +38,7 @@ from whale_ray.schedules import has_phase
 log = logging.getLogger(__name__)
 
 # A role lost mid-call: roll back to the last commit and go on (layer 2 above).
-FAULTS = (RayActorError, ActorUnavailableError, StaleTrainer)
+FAULTS = (RayActorError, ActorUnavailableError, StaleTrainer, PolicyLost)
 
 
 class _Remote:
@@ -116,17 +117,18 @@ class Coordinator:
             self.shutdown()
 
     def _roll_back(self, fault: BaseException) -> None:
-        what = (str(fault).splitlines() or [type(fault).__name__])[0][:300]
+        cause = getattr(fault, "cause", None) or fault  # a RayTaskError names the actor's own exception
+        what = f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:300]}"
         where = self.loop.progress.snapshot() if self.loop is not None else {"cycle": None, "phase": "starting"}
         self.recoveries += 1
         if self.recoveries > self.cfg.faults.max_recoveries:
-            self.events.emit("gave_up", f"{type(fault).__name__}: {what}; {self.cfg.faults.max_recoveries} recoveries "
+            self.events.emit("gave_up", f"{what}; {self.cfg.faults.max_recoveries} recoveries "
                              "used up (faults.max_recoveries): the run stops here and resumes when relaunched",
                              cycle=where["cycle"], phase=where["phase"])
             raise fault
-        self.events.emit("rolled_back", f"{type(fault).__name__}: {what}; the run goes back to its last commit and "
+        self.events.emit("rolled_back", f"{what}; the run goes back to its last commit and "
                          f"goes on with fresh actors (recovery {self.recoveries} of {self.cfg.faults.max_recoveries})",
-                         cycle=where["cycle"], phase=where["phase"], error=type(fault).__name__)
+                         cycle=where["cycle"], phase=where["phase"], error=type(cause).__name__)
         self.shutdown()
         self.loop = None
 

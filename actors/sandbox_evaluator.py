@@ -23,6 +23,11 @@ from whale_ray.sandbox.runner import MAX_ERROR_REASON
 log = logging.getLogger(__name__)
 
 
+class PolicyLost(RuntimeError):
+    """The PolicyServer is gone for good (Ray's restarts used up): not this episode's failure. The chunk fails,
+    and the Coordinator rolls the run back to its last commit with a fresh PolicyServer."""
+
+
 class EpisodeRunner:
     """Runs episodes of one harness at a time with `slots` sandboxes in flight."""
 
@@ -52,6 +57,8 @@ class EpisodeRunner:
                 host_tools={**self._host_tools, **self._domain.episode_tools(job.task, self._services)},
                 limits=self._limits, seed=job.seed, harness_name=harness_name,
             )
+        except PolicyLost:
+            raise
         except Exception:
             tb = traceback.format_exc()
             log.error("episode of task %r (seed %d) failed on the host side:\n%s", job.task.id, job.seed, tb)
@@ -69,7 +76,10 @@ class SandboxEvaluator:
         cfg = sandbox
 
         def generate(messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
-            return ray.get(policy.generate.remote(messages, sampling))
+            try:
+                return ray.get(policy.generate.remote(messages, sampling))
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                raise PolicyLost(f"the PolicyServer is gone: {type(e).__name__}") from e
 
         self._runner = EpisodeRunner(domain, generate, SandboxLimits.from_config(cfg), cfg.slots, services)
         self._node = ray.get_runtime_context().get_node_id()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import ray
 
-TARGETS = ("policy_server", "evaluator", "trainer", "train_worker", "retriever")
+TARGETS = ("policy_server", "evaluator", "trainer", "train_worker", "retriever", "proposer")
 
 
 @dataclass
@@ -69,7 +69,7 @@ def strike(coordinator: Any, fault: Fault) -> None:
         os.kill(fault.pid, signal.SIGKILL)
         return
     handle = {"policy_server": lambda: coordinator.policy, "trainer": lambda: coordinator.trainer,
-              "evaluator": lambda: coordinator.pool.actors[0],
+              "evaluator": lambda: coordinator.pool.actors[0], "proposer": lambda: coordinator.proposer,
               "retriever": lambda: coordinator.services["retriever"]}[fault.target]()
     if fault.how == "sigkill":
         fault.pid = _pid(handle)

@@ -98,3 +98,25 @@ def test_the_other_kills_and_the_retriever(tmp_path, ray_cluster, embedded_polic
     restarted = [e["actor"] for e in events if e["kind"] == "actor_restarted"]
     assert set(restarted) == {"PolicyServer", "Trainer", "Retriever"} and restarted.count("Retriever") == 2
     assert "evaluator_lost" in kinds and "rolled_back" not in kinds
+
+
+@pytest.mark.slow
+def test_a_role_lost_for_good_rolls_the_run_back_to_its_last_commit(tmp_path, ray_cluster, tiny_policy, bwrap):
+    """No restarts allowed (faults.actor_restarts 0): the PolicyServer SIGKILLed mid-iteration and later the
+    proposer ray.kill-ed each roll the run back to its last commit with fresh actors, in the same launch; the
+    episodes the dead PolicyServer cut short are run again, not recorded as failures."""
+    cfg = small_config(tmp_path / "run", condition="mh_only", cycles=1, I=3, faults__actor_restarts=0,
+                       faults__poll_s=0.3)
+    faults = [Fault("policy_server", "sigkill", "harness", cycle=0, after_units=1),
+              Fault("proposer", "ray_kill", "harness", cycle=0, after_units=2)]
+    coordinator = Coordinator(cfg, tiny_policy)
+    with Injector(coordinator, cfg.run_dir, faults) as injector:
+        coordinator.run()
+    assert not injector.errors, injector.errors
+    state = json.loads((cfg.run_dir / "state.json").read_text())
+    assert state["finished"] and coordinator.recoveries == 2
+    check_ledger(cfg, cfg.run_dir, state)
+    kinds = [e["kind"] for e in read_events(cfg.run_dir)]
+    assert kinds.count("rolled_back") == 2 and kinds.count("recovered") == 2
+    for path in (cfg.run_dir / "rollouts").glob("*.parquet"):  # nothing recorded as the host's failure
+        assert "the host failed" not in " ".join(pq.read_table(path, columns=["reason"]).column("reason").to_pylist())
