@@ -72,7 +72,7 @@ def run_study(args: Any) -> int:
 
     conditions = parse_conditions(args.conditions)
     overrides = {"domain": args.domain, "E": args.E, "I": args.I, "cycles": args.cycles,
-                 "policy.model": str(args.model) if args.model else None}
+                 "policy.model": str(Path(args.model).resolve()) if args.model else None}
     sweep = study_sweep(conditions, list(range(args.first_seed, args.first_seed + args.seeds)),
                         base_tree(args.config, overrides), args.max_concurrent)
     code = run_command(sweep, args.root, args.ray_address, "study",

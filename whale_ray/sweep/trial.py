@@ -114,7 +114,8 @@ def run_trial(params: dict[str, Any]) -> None:
     from actors.coordinator import Coordinator
     from whale_ray.run_state import CycleRow
 
-    os.chdir(params["cwd"])  # Tune starts trials in their own folder; the sweep's relative paths are the driver's
+    if os.path.isdir(params["cwd"]):  # Tune starts trials in their own folder; relative paths are the driver's
+        os.chdir(params["cwd"])  # (on another node that folder may not exist: give paths there absolute)
     trial_id = tune.get_context().get_trial_id()
     cfg = trial_config(params, trial_id)
     values = trial_values(params)
