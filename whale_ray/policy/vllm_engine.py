@@ -200,10 +200,10 @@ class VLLMEngine:
         missing = sorted(set(self._shapes) - set(state_dict) - self._tied)
         if missing:
             raise ValueError(f"load_weights: missing keys: {', '.join(missing[:5])}")
-        # vLLM loads a tied head from the embedding and skips lm_head.weight: say so by not sending it. The
-        # Trainer's float32 weights are cast to the engine's dtype here, where the tensors are (a no-op for bf16).
-        dtype = self.vllm_config.model_config.dtype
-        items = [(k, v.to(dtype)) for k, v in state_dict.items() if k not in self._tied_head]
+        # vLLM loads a tied head from the embedding and skips lm_head.weight: say so by not sending it. Tensors
+        # go as they are: vLLM's loaders copy them into its parameters with the cast (the Trainer's float32 CPU
+        # tensors too: tests/test_vllm_gpu.py's trainer_cpu_fp32 case, run on the H200).
+        items = [(k, v) for k, v in state_dict.items() if k not in self._tied_head]
         done: cf.Future = cf.Future()
         self._commands.put(("reload", items, int(version), done))
         done.result()
