@@ -184,7 +184,7 @@ OK = {"model": "whale-latest", "messages": QUESTION, "max_tokens": 4}
     (b'{"model": "whale-latest", "messages": [', KEY, 400, None),  # malformed JSON
     ({**OK, "max_tokens": "many"}, KEY, 400, "max_tokens"),  # a field of the wrong type
     ({**OK, "messages": [{"role": "user", "content": 7}]}, KEY, 400, "messages.0.content"),
-    ({**OK, "tools": [{"type": "function"}]}, KEY, 400, "tools"),  # not implemented: refused, not ignored
+    ({**OK, "response_format": {"type": "json_object"}}, KEY, 400, "response_format"),  # refused, not ignored
     ({**OK, "max_tokens": 0}, KEY, 400, "max_tokens"),
     ({**OK, "top_p": 0}, KEY, 400, "top_p"),
     ({**OK, "model": "gpt-9"}, KEY, 404, "model"),
@@ -338,3 +338,67 @@ def test_agent_run_h0_then_a_red_team_h_star(served):
     assert reply["harness_id"] == cid and reply["status"] == "ok", reply
     assert reply["answer"] == "env:clean rundir:blocked gold:blocked net:blocked"
     assert _post(url, OK).status_code == 200
+
+
+def test_tool_calls_in_the_hermes_format():
+    from whale_ray.serve import tools
+
+    chat = tools.render([{"role": "user", "content": [{"type": "text", "text": "list it"}]},
+                         {"role": "assistant", "content": None, "tool_calls": [
+                             {"id": "a", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}]},
+                         {"role": "tool", "content": "h0/"}], [{"type": "function", "function": {"name": "ls"}}])
+    assert chat[0]["role"] == "system" and '"name": "ls"' in chat[0]["content"]
+    assert chat[2]["content"] == '<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>'
+    content, calls = tools.parse('I look.\n<tool_call>\n{"name": "ls", "arguments": {"path": "h0"}}\n</tool_call>')
+    assert content == "I look." and calls[0]["function"] == {"name": "ls", "arguments": '{"path": "h0"}'}
+    assert tools.parse("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])
+
+
+def test_whale_run_serve_with_the_llm_proposer_through_it(tmp_path, tiny_policy, whale_cache):
+    """`whale run --serve`: the endpoint is up while the run works (it answers, naming the run's weights) and
+    gone after; the LLM proposer of the same run talks to it through --proposer-base-url. The tiny policy's
+    context (512 tokens) cannot hold the proposer's first prompt (~15k tokens of its byte-level vocabulary):
+    the session ends on the endpoint's own error object (413, context_length_exceeded) and the run goes on."""
+    import subprocess
+    import sys
+    import threading
+
+    import httpx2
+    import yaml
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    config = tmp_path / "study.yaml"
+    config.write_text(yaml.safe_dump({
+        "condition": "mh_only", "cycles": 1, "I": 2, "data": {"n_weight": 4, "n_harness": 2, "n_val": 2, "n_test": 2},
+        "harness_phase": {"candidates_per_iteration": 1, "proposer": "llm",
+                          "endpoint": {"model": "whale-latest", "max_retries": 0},
+                          "llm": {"max_turns": 2, "max_output_tokens": 16, "nudges": 0}},
+        "eval": {"test_samples": 1, "val_samples": 1}, "sandbox": {"slots": 4, "wall_s": 20},
+        "serve": {"enabled": True, "port": port}}))
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "whale_ray.cli", "run", "--config", str(config), "--model",
+                             tiny_policy, "--run-dir", str(run_dir), "--proposer-base-url", url],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "WHALE_CACHE": str(whale_cache)})
+    seen: list[str] = []
+
+    def poll() -> None:
+        while proc.poll() is None:
+            try:
+                r = httpx2.post(url + "/chat/completions", json={**OK, "max_tokens": 2}, timeout=30)
+                seen.append(r.json()["system_fingerprint"])
+            except (httpx2.HTTPError, ValueError, KeyError):
+                pass  # not up yet, or going down
+            time.sleep(0.5)
+    watcher = threading.Thread(target=poll)
+    watcher.start()
+    out, _ = proc.communicate(timeout=280)
+    watcher.join()
+    assert proc.returncode == 0, out[-3000:]
+    assert f"live endpoint: {url}" in out and seen and set(seen) == {"whale-v0"}  # mh_only: θ stays v0
+    session = json.loads(next((run_dir / "proposer").glob("iter-*/session.json")).read_text())
+    assert session["base_url"] == url and session["model"] == "whale-latest"
+    assert "HTTP 413" in session["stop_reason"] and "context_length_exceeded" in session["stop_reason"]
+    with pytest.raises(httpx2.HTTPError):  # down after the run
+        httpx2.get(url + "/models", timeout=5)

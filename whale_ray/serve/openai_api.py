@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from whale_ray.policy.engine import MAX_TOP_LOGPROBS, GenerationOutput, decode_completion
 from whale_ray.records import SamplingParams
@@ -83,15 +83,39 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    content: Union[str, list[TextPart], None] = None  # None: an assistant turn that only called tools
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant message with tool_calls may leave it out)")
+        return self
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: str
 
 
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: Optional[list[dict[str, Any]]] = None  # function schemas (whale_ray/serve/tools.py: Hermes format)
+    tool_choice: Optional[Literal["auto", "none"]] = None  # a forced call cannot be guaranteed: refused
+    parallel_tool_calls: Optional[bool] = None
     max_completion_tokens: Optional[int] = Field(None, ge=1)  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def uses_tools(self) -> bool:
+        on = bool(self.tools) and self.tool_choice != "none"
+        if on and self.stream:
+            raise ApiError(400, "stream with tools is not supported (ask without stream)", param="stream")
+        return on
 
     def budget(self) -> Optional[int]:
         return self.max_completion_tokens or self.max_tokens

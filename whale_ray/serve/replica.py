@@ -21,6 +21,7 @@ from whale_ray.policy.engine import GenerationOutput, GenerationRequest, decode_
 from whale_ray.policy.serving import PolicyService
 from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve import openai_api as api
+from whale_ray.serve import tools
 from whale_ray.serve.agent import AgentRequest, AgentRunner
 from whale_ray.serve.follow import RunFollower, RunView, Weights, load_state_dict
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
@@ -138,7 +139,7 @@ class Replica:
 
     def chat_requests(self, req: ChatRequest) -> tuple[ServedModel, list[GenerationRequest], int]:
         m = self.model(req.model)
-        messages = [{"role": x.role, "content": x.content} for x in req.messages]
+        messages = tools.render([x.model_dump() for x in req.messages], req.tools if req.uses_tools() else None)
         reqs, prompt_tokens = self._requests(m, [GenerationRequest(messages)], req, req.budget(), req.alternatives())
         return m, reqs, prompt_tokens
 
@@ -158,10 +159,13 @@ class Replica:
     async def chat(self, req: ChatRequest) -> tuple[dict[str, Any], int]:
         m, reqs, prompt_tokens = self.chat_requests(req)
         outs = await self._run(m, reqs)
-        choices = [{"index": i, "message": {"role": "assistant", "content": o.text},
-                    "logprobs": api.chat_logprobs(m.tokenizer, o) if req.logprobs else None,
-                    "finish_reason": o.finish_reason, "weight_version": o.weight_version}
-                   for i, o in enumerate(outs)]
+        choices = []
+        for i, o in enumerate(outs):
+            content, calls = tools.parse(o.text) if req.uses_tools() else (o.text, [])
+            message = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+            choices.append({"index": i, "message": message, "finish_reason": "tool_calls" if calls else o.finish_reason,
+                            "logprobs": api.chat_logprobs(m.tokenizer, o) if req.logprobs else None,
+                            "weight_version": o.weight_version})
         version = max(o.weight_version for o in outs)
         usage = api.usage(prompt_tokens, sum(len(o.completion_ids) for o in outs))
         return api.body("chat.completion", api.new_id("chatcmpl"), m.name, version, choices, usage), version
