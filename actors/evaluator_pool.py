@@ -48,6 +48,7 @@ class _Member:
 class _Chunk:
     item: int
     jobs: list[int]  # indices into the item's jobs
+    avoid: frozenset = frozenset()  # nodes it was lost on: a redone chunk goes elsewhere while it can
 
 
 @dataclass
@@ -158,10 +159,12 @@ class EvaluatorPool:
     def _dispatch(self, ph: _Phase) -> None:
         ready = [m for m in self._members if m.ready_ref is None]
         while ph.queue and ready:
-            member = min(ready, key=lambda m: m.inflight)  # the least loaded first
-            if member.inflight + len(ph.queue[0].jobs) > self._depth:
+            chunk = ph.queue[0]
+            elsewhere = [m for m in ready if m.node not in chunk.avoid] or ready  # a dying node's peers die too
+            member = min(elsewhere, key=lambda m: m.inflight)  # the least loaded first
+            if member.inflight + len(chunk.jobs) > self._depth:
                 return
-            chunk = ph.queue.popleft()
+            ph.queue.popleft()
             w = ph.work[chunk.item]
             ref = member.handle.run_episodes.remote(w.harness_source, w.harness_name, [w.jobs[j] for j in chunk.jobs])
             member.inflight += len(chunk.jobs)
@@ -174,7 +177,7 @@ class EvaluatorPool:
             episodes = ray.get(ref)
         except LOST as e:
             self._lose(member, type(e).__name__)
-            self._redo(ph, chunk, on_done)
+            self._redo(ph, _Chunk(chunk.item, chunk.jobs, chunk.avoid | {member.node}), on_done)
             return
         for j, ep in zip(chunk.jobs, episodes):
             ph.results[chunk.item][j] = ep
@@ -191,7 +194,7 @@ class EvaluatorPool:
             ph.tries[key] = ph.tries.get(key, 0) + 1
             (again if ph.tries[key] <= retries else given_up).append(j)
         if again:
-            ph.queue.appendleft(_Chunk(chunk.item, again))
+            ph.queue.appendleft(_Chunk(chunk.item, again, chunk.avoid))
             self._emit("episodes_redone", f"{len(again)} episode(s) lost with their evaluator go back to the queue",
                        episodes=len(again))
         for j in given_up:

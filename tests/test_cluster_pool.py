@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 import ray
@@ -122,3 +123,61 @@ def test_a_fixed_pool_spreads_and_replaces_a_killed_evaluator(cluster, tmp_path,
     assert pool.size == 2 and victim not in pool.actors  # replaced
     kinds = [e["kind"] for e in read_events(tmp_path)]
     assert kinds.count("evaluator_lost") == 1 and "evaluators_added" in kinds
+
+
+@pytest.mark.slow
+def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny_policy, bwrap):
+    """A whole run on a cluster whose evaluators may only live on two worker nodes (a custom resource the
+    others lack): inside the weight phase one of them is removed and a new one joins. The run finishes in the
+    same launch; the rollout files hold exactly the planned (task, sample) rows, none given up, and the records
+    name the nodes that ran them, the new one included."""
+    import pyarrow.parquet as pq
+
+    from actors.coordinator import Coordinator
+    from tests.conftest import small_config
+    from tests.fault_injection import committed
+    from tests.run_truth import check_ledger
+
+    main = cluster.add_node(num_cpus=3, resources={"main": 4})  # for the PolicyServer and the Trainer's worker
+    stays = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
+    leaves = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
+    cfg = small_config(tmp_path / "run", condition="whale", cycles=1, sandbox__evaluators={"min": 1, "max": 8},
+                       sandbox__slots=2, faults__poll_s=0.3,
+                       resources__evaluator={"num_cpus": 0.25, "resources": {"evaluator_slot": 1}},
+                       resources__policy_server={"num_cpus": 1, "resources": {"main": 1}},
+                       resources__trainer_worker={"num_cpus": 0.5, "resources": {"main": 1}})
+    coordinator = Coordinator(cfg, tiny_policy)
+    joined: dict = {}
+    errors: list = []
+
+    def run() -> None:
+        try:
+            coordinator.run()
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    runner = threading.Thread(target=run, daemon=True)  # the nodes change from the main thread, as Ray needs
+    runner.start()
+    removed = False
+    while runner.is_alive() and "node" not in joined:  # from the committed state, as tests/fault_injection.py does
+        p = committed(cfg.run_dir).get("phase") or {}
+        if not removed and p.get("kind") == "weight" and p.get("units_done", 0) >= 1:
+            cluster.remove_node(leaves, allow_graceful=False)
+            removed = True
+        if removed:
+            joined["node"] = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4}).node_id
+        time.sleep(0.05)
+    runner.join()
+    assert not errors, errors
+    state = json.loads((cfg.run_dir / "state.json").read_text())
+    assert state["finished"] and "node" in joined
+    check_ledger(cfg, cfg.run_dir, state)  # every planned (task, sample) row once, nothing lost or doubled
+    nodes = set()
+    for path in (cfg.run_dir / "rollouts").glob("*.parquet"):
+        table = pq.read_table(path, columns=["node", "status"])
+        assert "sandbox_error" not in table.column("status").to_pylist(), path.name  # lost work was redone
+        nodes |= set(table.column("node").to_pylist())
+    assert {stays.node_id, leaves.node_id, joined["node"]} <= nodes
+    assert main.node_id not in nodes  # evaluators went only where their resource is
+    kinds = [e["kind"] for e in read_events(cfg.run_dir)]
+    assert "node_left" in kinds and "node_joined" in kinds
