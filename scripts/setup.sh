@@ -1,40 +1,25 @@
 #!/usr/bin/env bash
-# Creates .venv with whale-ray and its dependencies, and installs bubblewrap for the sandbox.
+# Creates .venv with whale-ray and its dependencies, and installs bubblewrap for the sandbox (and the test tools).
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v bwrap >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null
-  elif command -v sudo >/dev/null 2>&1; then
-    (sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap) >/dev/null
-  else
-    echo "setup: bubblewrap (bwrap) is missing and cannot be installed without root; the sandbox needs it" >&2
+# apt_need COMMAND PACKAGE WHAT-IF-MISSING: installs PACKAGE with apt unless COMMAND is already there.
+apt_need() {
+  command -v "$1" >/dev/null 2>&1 && return 0
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "setup: $1 is missing and cannot be installed without root; $3" >&2; return 0; }
+    sudo=sudo
   fi
-fi
+  ($sudo apt-get update -qq && $sudo apt-get install -y -qq "$2") >/dev/null
+}
 
+apt_need bwrap bubblewrap "the sandbox needs it"
 # Headless Chromium: tests/test_report_html.py opens the report pages in it (skipped where it is absent).
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null
-  elif command -v sudo >/dev/null 2>&1; then
-    (sudo apt-get update -qq && sudo apt-get install -y -qq chromium) >/dev/null
-  else
-    echo "setup: chromium is missing and cannot be installed without root; the report-page tests will skip" >&2
-  fi
-fi
-
+apt_need chromium chromium "the report-page tests will skip"
 # strace: tests/test_archive.py injects real disk-full and power-cut faults into rename() with it.
-if ! command -v strace >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ]; then
-    (apt-get update -qq && apt-get install -y -qq strace) >/dev/null
-  elif command -v sudo >/dev/null 2>&1; then
-    (sudo apt-get update -qq && sudo apt-get install -y -qq strace) >/dev/null
-  else
-    echo "setup: strace is missing and cannot be installed without root; the archive's crash tests will skip" >&2
-  fi
-fi
+apt_need strace strace "the archive's crash tests will skip"
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
