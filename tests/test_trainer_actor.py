@@ -9,7 +9,7 @@ import pytest
 import ray
 import torch
 
-from actors.trainer import LocalTrainer, Trainer
+from actors.trainer import LocalTrainer, StaleTrainer, Trainer
 from whale_ray.config import WeightPhaseConfig
 
 CFG = WeightPhaseConfig(learning_rate=1e-2, micro_batch=2, sft_epochs_per_step=1, num_workers=1)
@@ -114,6 +114,21 @@ def test_checkpoint_loads_in_transformers_and_resumes_exactly(trainer, tmp_path)
     m2 = ray.get(trainer.train_step.remote(MORE))  # the same step again from the same state: same result
     assert m2["version"] == m1["version"] == v + 1 and m2["loss"] == m1["loss"]
     assert _same(ray.get(trainer.latest_weights.remote()), w1)
+
+
+def test_a_call_meant_for_another_weight_version_is_refused(trainer, tmp_path):
+    """The guard that keeps a Trainer back from an older state (after a fault) from training, saving or
+    handing out the wrong weights: every call naming a version it does not hold is refused, nothing changes."""
+    v = ray.get(trainer.version.remote())
+    before = ray.get(trainer.latest_weights.remote(v))
+    for call in (trainer.train_step.remote(MORE, v + 1), trainer.latest_weights.remote(v - 1),
+                 trainer.save_checkpoint.remote(str(tmp_path / "wrong"), v + 3)):
+        with pytest.raises(StaleTrainer, match=f"holds weight version {v}"):
+            ray.get(call)
+    assert ray.get(trainer.version.remote()) == v and not (tmp_path / "wrong").exists()
+    assert _same(ray.get(trainer.latest_weights.remote(v)), before)
+    m = ray.get(trainer.train_step.remote(MORE, v))  # the right version: trains
+    assert m["trained"] and m["version"] == v + 1
 
 
 def test_release_workers_then_continue(trainer):
