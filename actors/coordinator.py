@@ -155,6 +155,15 @@ class Coordinator:
                 ray.kill(actor, no_restart=True)
 
 
+def start_coordinator(cfg: WhaleConfig, base_model: str) -> "ray.actor.ActorHandle":
+    """The CoordinatorActor on the caller's node (the driver's: the head, for `ray job submit`), never on a
+    worker node whose loss would take the run's loop with it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    return CoordinatorActor.options(scheduling_strategy=here).remote(cfg, base_model)
+
+
 @ray.remote(num_cpus=0, max_concurrency=4)
 class CoordinatorActor:
     """The design card's Coordinator actor: run() works in one thread while snapshot() answers the driver."""

@@ -359,7 +359,7 @@ def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
                        completed=p["done"], total=p["total"] or None)
             rows = snap["history"]
             if shown is None:
-                shown = max(shown, len(rows))  # none while a roll-back restarts the actors  # rows of an earlier launch were printed then; show only new ones
+                shown = len(rows)  # rows of an earlier launch were printed then; show only new ones
             for row in rows[shown:]:
                 console.print(cycle_line(CycleRow(**row)), highlight=False)
             shown = max(shown, len(rows))  # none while a roll-back restarts the actors
@@ -388,7 +388,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException:
         ray.shutdown()
         raise
-    from actors.coordinator import CoordinatorActor
+    from actors.coordinator import start_coordinator
     from whale_ray.report import cycle_table, ledger_lines, mean_at, metrics_table, write_report
     from whale_ray.run_state import CycleRow, RunState
 
@@ -397,7 +397,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         # the endpoint first (it serves θ0 until the first checkpoint), down after the run however it ends
         with run_endpoint(cfg, model, console.print) if cfg.serve.enabled else contextlib.nullcontext():
-            coordinator = CoordinatorActor.remote(cfg, model)
+            coordinator = start_coordinator(cfg, model)
             watch(coordinator, coordinator.run.remote())
     finally:
         ray.shutdown()
