@@ -1,7 +1,12 @@
 """The schedule sweep as a full grid and with ASHA, side by side in one run: the paper's five (E, I) points plus
 three more, on the embedded default math world with small budgets (a 2-core machine finishes in ~20 minutes).
 
-    .venv/bin/python benchmarks/sweep_asha.py --root runs/bench-sweep [--model DIR] [--cycles 2]
+    .venv/bin/python -m benchmarks.sweep_asha --root runs/bench-sweep [--model DIR] [--cycles 2] [--seed-harness h0]
+
+The seed harness is the coin-flip math harness of tests/run_truth.py by default (about half its episodes
+succeed, which ones depends on the weights): under the domain's h0 the small embedded policy scores 0 on D_val
+at every point of this grid (measured), and a sweep of ties gives ASHA nothing to rank. --seed-harness h0 runs
+it on h0 all the same.
 
 Prints, for each of the two sweeps: the training rollouts spent in all (weight + harness; val/test reporting
 excluded), the wall time, the best point by val (selection reads val only) and its test mean@k (reported), and
@@ -27,9 +32,11 @@ BASE = {"domain": "math_reasoning", "condition": "whale",
         "eval": {"test_samples": 4, "val_samples": 2}, "sandbox": {"slots": 8, "wall_s": 20}}
 
 
-def sweeps(cycles: int, model: str | None, grace: int, reduction: float) -> tuple[dict, dict]:
+def sweeps(cycles: int, model: str | None, grace: int, reduction: float, harness: Path | None) -> tuple[dict, dict]:
     base = copy.deepcopy(BASE)
     base["cycles"] = cycles
+    if harness is not None:
+        base["harness"] = str(harness)
     if model:
         base["policy"] = {"model": model}
     grid = {"base": base, "points": [list(p) for p in PAPER_POINTS + MORE_POINTS], "metric": "best_val"}
@@ -45,13 +52,22 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=2)
     parser.add_argument("--grace", type=int, default=60, help="ASHA's grace period, in training rollouts")
     parser.add_argument("--reduction", type=float, default=2.0)
+    parser.add_argument("--seed-harness", choices=["coin", "h0"], default="coin")
     args = parser.parse_args()
 
     from whale_ray import cli
     from whale_ray.sweep import run_sweep
     from whale_ray.sweep.command import check_trials, print_rows
 
-    grid_tree, asha_tree = sweeps(args.cycles, args.model, args.grace, args.reduction)
+    harness = None
+    if args.seed_harness == "coin":
+        from tests.run_truth import guessing_math_harness
+        from whale_ray.domain import get_domain
+
+        harness = args.root.resolve() / "coin_h0.py"
+        harness.parent.mkdir(parents=True, exist_ok=True)
+        harness.write_text(guessing_math_harness(get_domain("math_reasoning").h0_path.read_text()))
+    grid_tree, asha_tree = sweeps(args.cycles, args.model, args.grace, args.reduction, harness)
     grid, asha = parse_sweep(grid_tree, "grid"), parse_sweep(asha_tree, "asha")
     model = check_trials(grid, args.root / "grid", "index")
     cli.start_ray(None)

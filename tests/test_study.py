@@ -11,10 +11,9 @@ import pytest
 import yaml
 
 from tests.conftest import SMALL
-from tests.test_sweep import nested
+from tests.test_sweep import check_placed, nested, spans, starts
 from whale_ray.config import load_recorded_config
 from whale_ray.run_state import RunState
-from whale_ray.sweep.trial import launches
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -58,11 +57,11 @@ def test_study_runs_each_pair_on_one_budget_and_resumes(tmp_path, tiny_policy):
         run = root / name
         cfg = load_recorded_config(run / "config.yaml")
         assert (cfg.condition, cfg.seed, cfg.E, cfg.I, cfg.cycles) == (name.split("-")[0], 3, 0.25, SMALL["I"], 1)
-        assert RunState.load(run).finished and len(launches(run)) == 2
+        assert RunState.load(run).finished and starts(run) == 1 and check_placed(run)
         assert str(run) in first.stdout  # where each pair is
-    spans = [(launches(root / n)[0]["time"], launches(root / n)[1]["time"]) for n in sorted(pairs)]
-    assert spans[0][0] < spans[1][1] and spans[1][0] < spans[0][1], spans  # side by side
+    (a,), (b,) = (spans(root / n) for n in sorted(pairs))
+    assert a[0] < b[1] and b[0] < a[1], (a, b)  # side by side
 
     again = subprocess.run(argv, capture_output=True, text=True, env=env)
     assert again.returncode == 0, again.stdout[-3000:]
-    assert all(len(launches(root / n)) == 2 for n in pairs)  # finished pairs are not started again
+    assert all(starts(root / n) == 1 for n in pairs)  # finished pairs are not started again

@@ -112,6 +112,34 @@ def tune_statuses(root: Path) -> dict[str, str]:
     return out
 
 
+def starts(run: Path) -> int:
+    return sum(e["event"] == "start" for e in launches(run))
+
+
+def spans(run: Path) -> list[tuple[float, float]]:
+    """[start, end] of each launch of a trial that ended (a launch killed with the sweep has no end)."""
+    out, start = [], None
+    for e in launches(run):
+        if e["event"] == "start":
+            start = e["time"]
+        elif e["event"] == "end" and start is not None:
+            out.append((start, e["time"]))
+            start = None
+    return out
+
+
+def check_placed(run: Path) -> set[str]:
+    """Every actor of every launch ran in that launch's trial placement group; returns the groups."""
+    groups = set()
+    for e in launches(run):
+        if e["event"] == "placed":
+            assert "error" not in e and e["group"], e
+            assert {"policy_server", "proposer", "evaluator0"} <= set(e["actors"]), e
+            assert set(e["actors"].values()) == {e["group"]}, e
+            groups.add(e["group"])
+    return groups
+
+
 def launch(sweep_file: Path, root: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local cluster
     return subprocess.Popen([sys.executable, "-m", "whale_ray.cli", "sweep", str(sweep_file), "--root", str(root)],
@@ -139,7 +167,7 @@ def test_asha_sweep_stops_laggards_runs_side_by_side_and_resumes_after_sigkill(t
     proc.wait()
     done_before = {t for t, s in tune_statuses(root).items() if s == "TERMINATED"}
     dirs = {d.name.split("-")[0]: d for d in root.iterdir() if (d / "config.yaml").is_file()}
-    before = {t: ((dirs[t.split("_")[1]] / "state.json").read_bytes(), len(launches(dirs[t.split("_")[1]])))
+    before = {t: ((dirs[t.split("_")[1]] / "state.json").read_bytes(), starts(dirs[t.split("_")[1]]))
               for t in done_before}
 
     proc = launch(sweep_file, root)
@@ -148,9 +176,9 @@ def test_asha_sweep_stops_laggards_runs_side_by_side_and_resumes_after_sigkill(t
 
     runs = sorted(d for d in root.iterdir() if (d / "config.yaml").is_file())
     assert len(runs) == 4
-    for trial_id, (state_bytes, n_events) in before.items():  # finished before the kill: not run again
+    for trial_id, (state_bytes, n_starts) in before.items():  # finished before the kill: not run again
         run = dirs[trial_id.split("_")[1]]
-        assert (run / "state.json").read_bytes() == state_bytes and len(launches(run)) == n_events == 2
+        assert (run / "state.json").read_bytes() == state_bytes and starts(run) == n_starts == 1
     states = {r.name: RunState.load(r) for r in runs}
     finished = {n for n, s in states.items() if s.finished}
     stopped = set(states) - finished
@@ -158,13 +186,11 @@ def test_asha_sweep_stops_laggards_runs_side_by_side_and_resumes_after_sigkill(t
     assert stopped == {r.name for r in runs if "harness=bad" in r.name}
     full = {states[n].ledger.training_rollouts for n in finished}
     assert full == {16} and all(states[n].ledger.training_rollouts < 16 for n in stopped)
-    # side by side: two launches' [start, end] intervals overlap
-    spans = []
-    for run in runs:
-        events = launches(run)
-        spans += [(a["time"], b["time"]) for a, b in zip(events, events[1:]) if a["event"] == "start" and
-                  b["event"] == "end"]
-    assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(spans) for b in spans[i + 1:]), spans
+    # side by side: two launches' [start, end] intervals overlap, each trial's actors in its own group
+    ended = [span for run in runs for span in spans(run)]
+    assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(ended) for b in ended[i + 1:]), ended
+    groups = [check_placed(run) for run in runs]
+    assert all(groups) and len(set().union(*groups)) == sum(map(len, groups))
 
     # the outputs: best first by val, the plot, the Pareto set, the best config ready to run
     with open(root / "sweep.csv") as f:

@@ -99,6 +99,18 @@ class TrialPlacement(Placement):
         return {**resources.options(), "scheduling_strategy": strategy}
 
 
+def placement_groups(coordinator: Any) -> dict[str, Any]:
+    """Each of the run's actors -> the placement group it runs in (hex id, None outside any), asked of the actor
+    itself: what launches record, so a sweep can show every actor of a trial is in the trial's group."""
+    import ray
+
+    actors = {"policy_server": coordinator.policy, "proposer": coordinator.proposer, "trainer": coordinator.trainer,
+              **{f"evaluator{i}": a for i, a in enumerate(coordinator.pool.actors)}}
+    refs = {name: actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_placement_group_id())
+            for name, actor in actors.items() if actor is not None}
+    return dict(zip(refs, ray.get(list(refs.values()), timeout=300)))
+
+
 def _record(run_dir: Path, **event: Any) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / LAUNCHES, "a") as f:
@@ -120,7 +132,13 @@ def run_trial(params: dict[str, Any]) -> None:
     cfg = trial_config(params, trial_id)
     values = trial_values(params)
     _record(cfg.run_dir, event="start", trial_id=trial_id)
-    coordinator = Coordinator(cfg, params["model"], placement=TrialPlacement(cfg))
+    placement = TrialPlacement(cfg)
+    coordinator = Coordinator(cfg, params["model"], placement=placement)
+    try:
+        _record(cfg.run_dir, event="placed", trial_id=trial_id, group=placement.pg and placement.pg.id.hex(),
+                actors=placement_groups(coordinator))
+    except Exception as e:  # a record for the tests and the curious: never a reason to fail the trial
+        _record(cfg.run_dir, event="placed", trial_id=trial_id, error=repr(e)[:300])
     reported: list[int] = []
 
     def report(row: CycleRow) -> None:
