@@ -108,7 +108,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=96)
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=150)
     work = jobs(args.episodes)
     model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir(), progress=False,
                                       warmstart_steps=60, seed=0))  # the tests' small policy: any policy will do

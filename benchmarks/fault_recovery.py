@@ -73,7 +73,7 @@ def main() -> None:
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    console, results = Console(), []
+    console, results = Console(width=150), []
     references: dict[str, tuple] = {}
     for target, phase, how in rows:
         domain = "search_qa" if target == "retriever" else "math_reasoning"
