@@ -40,6 +40,7 @@ def nested(flat: dict) -> dict:
     ({"space": {"E": {"uniform": [0.6, 0.2]}}}, r"space\.E: uniform bounds \[0\.6, 0\.2\]: the lower bound must be"),
     ({"space": {"weight.learning_rate": {"loguniform": [0, 1e-3]}}}, r"space\.weight\.learning_rate: loguniform"),
     ({"space": {"I": {"randint": [5, 5]}}}, r"space\.I: randint bounds"),
+    ({"space": {"I": {"uniform": [2, 6]}}}, r"space\.I: uniform value 4\.57.*: I: Input should be a valid integer"),
     ({"space": {"E": {"grid": [0.2, 0.0]}}}, r"space\.E: grid value 0\.0: E: E must be a positive"),
     ({"space": {"E": {"uniform": [-0.5, 0.5]}}}, r"space\.E: uniform value -0\.5: E: E must be a positive"),
     ({"points": [[0.2, 2], [-1, 6]]}, r"points\[1\]: E: E must be a positive"),

@@ -72,12 +72,16 @@ class Dist(_Strict):
 
     def edges(self) -> list[Any]:
         """The values to check as run settings: every listed value, or a range's bounds (randint's upper bound
-        is excluded, so its largest value is hi - 1)."""
+        is excluded, so its largest value is hi - 1) and, for a continuous range, a value inside it (a range
+        over an integer setting fails there, not in a trial)."""
         value = getattr(self, self.kind)
         if self.kind in ("grid", "choice"):
             return list(value)
         lo, hi = value
-        return [lo, hi - 1] if self.kind == "randint" else [lo, hi]
+        if self.kind == "randint":
+            return [lo, hi - 1]
+        inside = math.sqrt(lo * hi) if self.kind == "loguniform" else lo + (hi - lo) * 9 / 14  # not a whole number
+        return [lo, hi, inside]  # for whole-number bounds (lo + 9/14 of the way), so an int setting fails here
 
     def to_tune(self) -> Any:
         from ray import tune
