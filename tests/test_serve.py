@@ -321,6 +321,7 @@ def test_agent_run_h0_then_a_red_team_h_star(served):
     r = _post(url, {"task": task, "seed": 1}, path="/agent/run")
     assert r.status_code == 200, r.text
     reply = r.json()
+    print("agent/run reply:", json.dumps(reply))  # pytest -s shows one whole reply
     assert reply["harness_id"] == "h0" and reply["status"] == "ok" and reply["turns"] == len(reply["model_calls"]) >= 1
     assert r.headers["x-whale-weight-version"] == str(run.state.weight_version)
     assert {c["weight_version"] for c in reply["model_calls"]} == {run.state.weight_version}
