@@ -145,6 +145,9 @@ class CompletionRequest(_Request):
         return prompts
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict", "TextPart", "function-after"}
+
+
 def parse(model: type[BaseModel], raw: bytes) -> Any:
     """The request body as `model`, or a 400 naming the first bad field."""
     try:
@@ -157,7 +160,8 @@ def parse(model: type[BaseModel], raw: bytes) -> Any:
         return model.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        param = ".".join(str(x) for x in err["loc"]) or None
+        # a Union field's loc names the member tried ("content.str"): the param is the field itself
+        param = ".".join(str(x) for x in err["loc"] if str(x) not in _TYPE_TAGS and "[" not in str(x)) or None
         if err["type"] == "extra_forbidden":
             raise ApiError(400, f"{param}: not supported by this endpoint", param=param,
                            code="unsupported_parameter") from None
