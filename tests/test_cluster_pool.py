@@ -37,7 +37,7 @@ def cluster():
     ray.shutdown()
     c.shutdown()
     if was_up:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
 
 
 def jobs(n: int) -> list[EpisodeJob]:

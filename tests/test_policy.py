@@ -138,7 +138,9 @@ def test_build_key_depends_on_steps_seed_and_data(tmp_path):
 def build_in_subprocess(cache: Path) -> tuple[subprocess.Popen, threading.Event]:
     """A long build of the stand-in policy in its own process, and an event set once its warm-start is training
     (tqdm's bar on stderr)."""
-    code = ("from tests.test_policy import StandInDomain; from whale_ray.policy import build_embedded_policy, tiny; "
+    # Ctrl-C's default handler, even where this test runs in the background (whose children start with SIGINT ignored)
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from tests.test_policy import StandInDomain; from whale_ray.policy import build_embedded_policy, tiny; "
             f"build_embedded_policy(StandInDomain(), cache_dir={str(cache)!r}, warmstart_steps=100_000, "
             "config=tiny.TinyConfig(max_conversations=400, tokenizer_conversations=400))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],

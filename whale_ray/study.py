@@ -67,7 +67,7 @@ def base_tree(config: Optional[Path], overrides: dict[str, Any]) -> dict[str, An
 
 def run_study(args: Any) -> int:
     """The `whale study` command (argparse in whale_ray/cli.py)."""
-    from whale_ray import cli
+    from whale_ray import launch
     from whale_ray.sweep.command import run_command
 
     conditions = parse_conditions(args.conditions)
@@ -80,12 +80,12 @@ def run_study(args: Any) -> int:
     try:  # `whale compare` (whale_ray/compare.py), where it is installed
         from whale_ray import compare
     except ImportError:
-        cli.console.print(f"compare the conditions with: whale compare {args.root}")
+        launch.console.print(f"compare the conditions with: whale compare {args.root}")
         return code
     try:
         runs, notes = compare.load_runs([Path(args.root)])
         out = compare.write_comparison(compare.compare(runs, notes), Path(args.root) / "compare")
-        cli.console.print(f"comparison: {out} (compare.md, compare.csv, index.html)")
+        launch.console.print(f"comparison: {out} (compare.md, compare.csv, index.html)")
     except compare.CompareError as e:  # no pair reported a cycle, say: the study's own table stands
-        cli.console.print(f"compare: {e}", highlight=False)
+        launch.console.print(f"compare: {e}", highlight=False)
     return code

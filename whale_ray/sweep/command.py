@@ -1,5 +1,6 @@
 """`whale sweep FILE` and `whale study` share this flow: check every trial's inputs, build the policy once, start
-(or join) Ray, run the Tuner, print the table. The argparse side lives in whale_ray/cli.py."""
+(or join) Ray, run the Tuner, print the table. The argparse side lives in whale_ray/cli.py, the
+steps before a run in whale_ray/launch.py."""
 
 from __future__ import annotations
 
@@ -14,38 +15,38 @@ def check_trials(sweep: SweepConfig, root: Path, naming: str) -> str:
     """Every config the sweep can reach at its edges passes `whale run`'s input checks (data, harness files,
     model, proposer); with fixed names (a study), a run directory holding another config is an error too.
     Returns the base model (the embedded policy is built here, once, before Ray starts)."""
-    from whale_ray import cli
+    from whale_ray import launch
     from whale_ray.sweep import check_root
 
     check_root(sweep, root)
     configs = edge_configs(sweep)
     for cfg in configs:
         cfg.run_dir = Path(root).resolve() / "unsampled"  # a sweep's run directories are named by Tune's trial ids
-        cli.check_inputs(cfg)
+        launch.check_inputs(cfg)
     if naming == "study":
         from whale_ray.sweep.trial import trial_config
         from whale_ray.sweep.tuner import param_space
 
         for point in sweep.point_overrides():
             params = {**param_space(sweep, Path(root).resolve(), "", naming), "point": point}
-            cli.check_inputs(trial_config(params))
-    return cli.base_model(configs[0])
+            launch.check_inputs(trial_config(params))
+    return launch.base_model(configs[0])
 
 
 def run_command(sweep: SweepConfig, root: Path, ray_address: str | None, naming: str, title: str) -> int:
-    from whale_ray import cli
+    from whale_ray import launch
     from whale_ray.sweep import run_sweep
 
     model = check_trials(sweep, root, naming)
-    cli.start_ray(ray_address)
+    launch.start_ray(ray_address)
     import ray
 
     try:
         rows = run_sweep(sweep, root, model, naming)
     finally:
         ray.shutdown()
-    print_rows(cli.console, rows, title)
-    cli.console.print(f"sweep root: {Path(root).resolve()}  (sweep.md, sweep.csv, sweep.png, pareto.csv, best.yaml)")
+    print_rows(launch.console, rows, title)
+    launch.console.print(f"sweep root: {Path(root).resolve()}  (sweep.md, sweep.csv, sweep.png, pareto.csv, best.yaml)")
     return 1 if any(r.error for r in rows) else 0
 
 
