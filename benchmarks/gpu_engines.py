@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import itertools
+import json
 import subprocess
 import sys
 import threading
@@ -166,7 +166,6 @@ def part_server(a) -> dict:
     alone; the engine's step count; and a batch whose requests carry a stop string that never matches."""
     from whale_ray.policy.serving import PolicyService
     from whale_ray.policy.tiny import load_tokenizer
-    from whale_ray.records import SamplingParams
 
     prompts = Prompts(load_tokenizer(a.model), a.prompt)
     svc = PolicyService(str(a.model), engine="vllm", max_batch=256, dtype="bfloat16", gpu_memory_utilization=0.6)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import ray
 import torch
 
-from actors.policy_server import PolicyServer
 from actors.evaluator_pool import EvaluatorPool
+from actors.policy_server import PolicyServer
 from actors.sandbox_evaluator import EpisodeJob
 from whale_ray.config import DataConfig, SandboxConfig
 from whale_ray.domain import get_domain

@@ -323,22 +323,23 @@ def cmd_doctor() -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from whale_ray.status import StatusError, format_status, read_status
+    from whale_ray.run_state import NotARun
+    from whale_ray.status import format_status, read_status
 
     try:
         status = read_status(args.run_dir)
-    except StatusError as e:
+    except NotARun as e:
         raise InputError(str(e)) from None
     console.print(format_status(status), highlight=False, markup=False)
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from whale_ray.report import ReportError, write_report
+    from whale_ray.report import NotARun, write_report
 
     try:
         out = write_report(args.run_dir)
-    except ReportError as e:
+    except NotARun as e:
         raise InputError(str(e)) from None
     console.print(f"report: {out / 'index.html'}  (and summary.md, curves.png)", highlight=False)
     return 0

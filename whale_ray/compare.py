@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from whale_ray.config import CONDITIONS, ConfigError, WhaleConfig, load_recorded_config
-from whale_ray.report import Grid, ReportError, open_run
+from whale_ray.report import Grid, NotARun, open_run
 from whale_ray.run_state import CycleRow, RunState
 from whale_ray.selection import EPS
 from whale_ray.storage import atomic_write_text
@@ -97,7 +97,7 @@ def load_run(path: Path) -> Run:
     try:
         state = open_run(path)
         cfg = load_recorded_config(path / "config.yaml")
-    except (ReportError, ConfigError) as e:
+    except (NotARun, ConfigError) as e:
         raise CompareError(str(e)) from None
     return Run(path, cfg, state)
 

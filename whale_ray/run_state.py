@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from whale_ray.storage import atomic_write_text
 
@@ -165,3 +165,23 @@ class RunState(BaseModel):
 
     def save(self, run_dir: Path) -> None:
         atomic_write_text(Path(run_dir) / "state.json", self.model_dump_json(indent=2))
+
+
+class NotARun(ValueError):
+    """A path given as a run directory is not one (or its state does not read); one line naming it."""
+
+
+def open_run(run_dir: Path) -> RunState:
+    """The run's state, or NotARun naming the directory and what is wrong with it (`whale status`, `whale report`,
+    `whale compare`)."""
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise NotARun(f"{root}: no such directory")
+    if not (root / "state.json").is_file():
+        raise NotARun(f"{root}: not a run directory (no state.json)")
+    try:
+        state = RunState.load(root)
+    except (ValueError, ValidationError) as e:  # json.JSONDecodeError is a ValueError
+        raise NotARun(f"{root}/state.json: not a run state ({str(e).splitlines()[0]})") from None
+    assert state is not None
+    return state

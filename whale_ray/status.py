@@ -12,29 +12,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from whale_ray.config import ConfigError, load_config
-from whale_ray.run_state import RunState
+from whale_ray.run_state import open_run
 
 LAST_EVENTS = 5
 
 
-class StatusError(ValueError):
-    """RUN_DIR is missing or is not a run directory; the message is one line naming it."""
-
-
 def read_status(run_dir: Path) -> dict[str, Any]:
     root = Path(run_dir)
-    if not root.is_dir():
-        raise StatusError(f"{root}: no such directory")
-    if not (root / "state.json").is_file():
-        raise StatusError(f"{root}: not a run directory (no state.json)")
-    try:
-        state = RunState.load(root)
-    except (ValueError, ValidationError) as e:  # json.JSONDecodeError is a ValueError
-        raise StatusError(f"{root}/state.json: not a run state ({str(e).splitlines()[0]})") from None
-    assert state is not None
+    state = open_run(root)
     cycles, config_note, test_samples = None, None, None
     try:
         from whale_ray.schedules import plan

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from whale_ray.report.tables import (
     Grid,
     cycle_line,
@@ -22,30 +20,13 @@ from whale_ray.report.tables import (
     metrics_table,
     proposer_ledger_lines,
 )
-from whale_ray.run_state import RunState
+from whale_ray.run_state import NotARun, RunState, open_run
 from whale_ray.storage import atomic_write_text
 
-__all__ = ["Grid", "ReportError", "cycle_line", "cycle_table", "ledger_lines", "markdown_table", "mean_at",
+__all__ = ["Grid", "NotARun", "cycle_line", "cycle_table", "ledger_lines", "markdown_table", "mean_at",
            "metrics_table", "open_run", "proposer_ledger_lines", "write_report"]
 
 
-class ReportError(ValueError):
-    """The input is not a run directory (or not a readable one); the message is one line naming it."""
-
-
-def open_run(run_dir: Path) -> RunState:
-    """The run's state, or a ReportError naming the directory and what is wrong with it."""
-    root = Path(run_dir)
-    if not root.is_dir():
-        raise ReportError(f"{root}: no such directory")
-    if not (root / "state.json").is_file():
-        raise ReportError(f"{root}: not a run directory (no state.json)")
-    try:
-        state = RunState.load(root)
-    except (ValueError, ValidationError) as e:  # json.JSONDecodeError is a ValueError
-        raise ReportError(f"{root}/state.json: not a run state ({str(e).splitlines()[0]})") from None
-    assert state is not None
-    return state
 
 
 def write_report(run_dir: Path, state: RunState | None = None) -> Path:
