@@ -397,21 +397,27 @@ def _describe(err: ValidationError, origin: str) -> str:
     return f"{origin}: {_first_error(err)}"
 
 
+def read_yaml_mapping(path: Path, what: str) -> dict[str, Any]:
+    """The mapping a YAML file holds (empty for an empty file); a missing file, bad YAML or another top level is a
+    ConfigError naming `what` ("config file", "sweep file") and the path."""
+    if not Path(path).is_file():
+        raise ConfigError(f"{what} {path}: not found")
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} {path}: not valid YAML ({e.__class__.__name__})") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{what} {path}: the top level must be a mapping, got {type(loaded).__name__}")
+    return loaded or {}
+
+
 def load_config(path: Path | None = None, overrides: dict[str, Any] | None = None) -> WhaleConfig:
     """Values from the YAML file at `path`, then `overrides` (dotted keys, as from the CLI) on top."""
     tree: dict[str, Any] = {}
     origin = "config"
     if path is not None:
         origin = str(path)
-        if not Path(path).is_file():
-            raise ConfigError(f"config file {path}: not found")
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path}: not valid YAML ({e.__class__.__name__})") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: the top level must be a mapping, got {type(loaded).__name__}")
-        tree = loaded or {}
+        tree = read_yaml_mapping(path, "config file")
     for key, value in (overrides or {}).items():
         if value is not None:
             _set_dotted(tree, key, value)

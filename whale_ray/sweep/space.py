@@ -24,10 +24,9 @@ import math
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from whale_ray.config import ConfigError, WhaleConfig, dotted_keys, load_config
+from whale_ray.config import ConfigError, WhaleConfig, dotted_keys, load_config, read_yaml_mapping
 
 # What selection may read (CycleRow's validation fields); test_mean8 and the rest are only reported.
 VAL_METRICS = ("best_val", "val")
@@ -168,15 +167,7 @@ class SweepConfig(_Strict):
 
 def load_sweep(path: Path) -> SweepConfig:
     """Reads and checks a sweep file; every error is one line naming the file and the key."""
-    if not Path(path).is_file():
-        raise ConfigError(f"sweep file {path}: not found")
-    try:
-        tree = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"sweep file {path}: not valid YAML ({e.__class__.__name__})") from None
-    if tree is not None and not isinstance(tree, dict):
-        raise ConfigError(f"sweep file {path}: the top level must be a mapping")
-    return parse_sweep(tree or {}, origin=f"sweep file {path}")
+    return parse_sweep(read_yaml_mapping(path, "sweep file"), origin=f"sweep file {path}")
 
 
 def parse_sweep(tree: dict[str, Any], origin: str = "sweep") -> SweepConfig:
