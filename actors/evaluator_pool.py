@@ -85,6 +85,7 @@ class EvaluatorPool:
         self._events = events
         self._reserve = dict(reserve or {})
         self._poll_s = poll_s
+        self._retries = sandbox.episode_retries
         self.min, self.max, self.elastic = sandbox.pool_bounds()
         if self.elastic and not self._placement.pins_nodes:
             self.max = self.min  # a placement group's bundles are fixed: an elastic pool cannot grow there
@@ -187,12 +188,11 @@ class EvaluatorPool:
     def _redo(self, ph: _Phase, chunk: _Chunk, on_done: Callable[[int], None]) -> None:
         """The chunk's episodes go back to the front of the queue, same jobs and seeds; an episode lost more
         than `episode_retries` times is recorded as a sandbox error instead (its count stays the planned one)."""
-        retries = self._args[2].episode_retries
         again, given_up = [], []
         for j in chunk.jobs:
             key = (chunk.item, j)
             ph.tries[key] = ph.tries.get(key, 0) + 1
-            (again if ph.tries[key] <= retries else given_up).append(j)
+            (again if ph.tries[key] <= self._retries else given_up).append(j)
         if again:
             ph.queue.appendleft(_Chunk(chunk.item, again, chunk.avoid))
             self._emit("episodes_redone", f"{len(again)} episode(s) lost with their evaluator go back to the queue",
