@@ -3,7 +3,9 @@
     queue of chunks ──► every ready evaluator keeps at most `slots + chunk` episodes in flight, and is
                         handed the next chunk as one of its own finishes: a faster one takes more work
     a chunk lost with its evaluator or node ──► its episodes go back to the front of the queue with the same
-                        seeds (each at most `sandbox.episode_retries` times), and are counted once
+                        seeds, and are counted once; a loss while the node stayed up (the episode may
+                        have killed its evaluator) is charged to the episode, at most
+                        `sandbox.episode_retries` times; a loss with its node is not (nodes may keep leaving)
     every `faults.poll_s` ──► a fixed pool replaces lost evaluators; an elastic one (`evaluators: auto` or
                         {min, max}) adds evaluators on every node with free resources, new nodes included
 
@@ -177,21 +179,25 @@ class EvaluatorPool:
         try:
             episodes = ray.get(ref)
         except LOST as e:
-            self._lose(member, type(e).__name__)
-            self._redo(ph, _Chunk(chunk.item, chunk.jobs, chunk.avoid | {member.node}), on_done)
+            # Ray reports an actor lost with its node once the GCS has marked the node dead, so this read agrees
+            # with the error; the node's fault is not the episode's.
+            node_left = member.node is not None and member.node not in _alive_nodes()
+            self._lose(member, type(e).__name__ + (" with its node" if node_left else ""))
+            self._redo(ph, _Chunk(chunk.item, chunk.jobs, chunk.avoid | {member.node}), on_done, charge=not node_left)
             return
         for j, ep in zip(chunk.jobs, episodes):
             ph.results[chunk.item][j] = ep
         ph.left -= len(chunk.jobs)
         on_done(len(chunk.jobs))
 
-    def _redo(self, ph: _Phase, chunk: _Chunk, on_done: Callable[[int], None]) -> None:
-        """The chunk's episodes go back to the front of the queue, same jobs and seeds; an episode lost more
-        than `episode_retries` times is recorded as a sandbox error instead (its count stays the planned one)."""
+    def _redo(self, ph: _Phase, chunk: _Chunk, on_done: Callable[[int], None], charge: bool) -> None:
+        """The chunk's episodes go back to the front of the queue, same jobs and seeds; an episode `charge`d
+        with more than `episode_retries` losses is recorded as a sandbox error instead (its count stays the
+        planned one)."""
         again, given_up = [], []
         for j in chunk.jobs:
             key = (chunk.item, j)
-            ph.tries[key] = ph.tries.get(key, 0) + 1
+            ph.tries[key] = ph.tries.get(key, 0) + int(charge)
             (again if ph.tries[key] <= self._retries else given_up).append(j)
         if again:
             ph.queue.appendleft(_Chunk(chunk.item, again, chunk.avoid))
@@ -216,7 +222,7 @@ class EvaluatorPool:
 
     # ------------------------------------------------------------------------------ the cluster
     def _follow_cluster(self) -> None:
-        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        alive = _alive_nodes()
         if self._nodes is not None:
             for node in sorted(alive - self._nodes):
                 self._emit("node_joined", f"node {_short(node)} joined the cluster", node=node)
@@ -259,6 +265,10 @@ class EvaluatorPool:
             self._events.emit(kind, message, **data)
         else:
             log.info("%s: %s", kind, message)
+
+
+def _alive_nodes() -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
 
 def _short(node: str | None) -> str:

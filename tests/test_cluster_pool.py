@@ -98,10 +98,10 @@ def test_elastic_pool_spreads_over_nodes_and_follows_a_joining_node(cluster, tmp
 def test_a_node_leaving_mid_phase_takes_its_evaluators_and_its_episodes_are_run_again_once(cluster, tmp_path, bwrap):
     stays = cluster.add_node(num_cpus=1)
     leaves = cluster.add_node(num_cpus=1)
-    pool, _ = pool_of(tmp_path, "auto")
+    pool, _ = pool_of(tmp_path, "auto", episode_retries=0)
     work = jobs(40)
     results = run_with(pool, work, 8, lambda: cluster.remove_node(leaves, allow_graceful=False))
-    answers_match_seeds(results, work)  # every episode once, none given up
+    answers_match_seeds(results, work)  # every episode once, none given up: a loss with its node is not charged
     events = read_events(tmp_path)
     kinds = [e["kind"] for e in events]
     assert "node_left" in kinds and "evaluator_lost" in kinds
@@ -113,13 +113,19 @@ def test_a_node_leaving_mid_phase_takes_its_evaluators_and_its_episodes_are_run_
 
 
 def test_a_fixed_pool_spreads_and_replaces_a_killed_evaluator(cluster, tmp_path, bwrap):
+    """An evaluator killed while its node stays up: the loss is charged to its episodes, which with
+    episode_retries 0 are given up (a sandbox error each, counted once); the rest of the phase goes on."""
     a, b = cluster.add_node(num_cpus=1), cluster.add_node(num_cpus=1)
-    pool, _ = pool_of(tmp_path, 2, episode_retries=1)
+    pool, _ = pool_of(tmp_path, 2, episode_retries=0)
     work = jobs(24)
     victim = pool.actors[0]
     results = run_with(pool, work, 4, lambda: ray.kill(victim))
-    answers_match_seeds(results, work)
-    assert {r.node for r in results} == {a.node_id, b.node_id}  # SPREAD: one evaluator on each node
+    lost = [i for i, r in enumerate(results) if r.status == "sandbox_error"]
+    assert 1 <= len(lost) <= 2, lost  # what the victim held: one running, one queued behind it (slots 1, chunk 1)
+    assert all("lost with its evaluator 1 times" in results[i].reason for i in lost)
+    kept = [i for i in range(len(work)) if i not in lost]
+    answers_match_seeds([results[i] for i in kept], [work[i] for i in kept])
+    assert {r.node for r in results} - {""} == {a.node_id, b.node_id}  # SPREAD: one evaluator on each node
     assert pool.size == 2 and victim not in pool.actors  # replaced
     kinds = [e["kind"] for e in read_events(tmp_path)]
     assert kinds.count("evaluator_lost") == 1 and "evaluators_added" in kinds
@@ -128,9 +134,11 @@ def test_a_fixed_pool_spreads_and_replaces_a_killed_evaluator(cluster, tmp_path,
 @pytest.mark.slow
 def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny_policy, bwrap):
     """A whole run on a cluster whose evaluators may only live on two worker nodes (a custom resource the
-    others lack): inside the weight phase one of them is removed and a new one joins. The run finishes in the
-    same launch; the rollout files hold exactly the planned (task, sample) rows, none given up, and the records
-    name the nodes that ran them, the new one included."""
+    others lack): inside the weight phase both are removed, one without warning, and a new one joins, so the
+    rest of the run can only go on there. The run finishes in the same launch; the rollout files hold exactly
+    the planned (task, sample) rows, none given up, and the records name the nodes that ran them, the new one
+    included. (With one old node kept, the new one got work only if the run outlasted its evaluators' start:
+    on CI it did not, once.)"""
     import pyarrow.parquet as pq
 
     from actors.coordinator import Coordinator
@@ -139,8 +147,8 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
     from tests.run_truth import check_ledger
 
     main = cluster.add_node(num_cpus=3, resources={"main": 4})  # for the PolicyServer and the Trainer's worker
-    stays = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
-    leaves = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
+    first = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
+    second = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
     cfg = small_config(tmp_path / "run", condition="whale", cycles=1, sandbox__evaluators={"min": 1, "max": 8},
                        sandbox__slots=2, faults__poll_s=0.3,
                        resources__evaluator={"num_cpus": 0.25, "resources": {"evaluator_slot": 1}},
@@ -159,13 +167,13 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
     runner = threading.Thread(target=run, daemon=True)  # the nodes change from the main thread, as Ray needs
     runner.start()
     removed = False
-    while runner.is_alive() and "node" not in joined:  # from the committed state, as tests/fault_injection.py does
+    while runner.is_alive() and not removed:  # from the committed state, as tests/fault_injection.py does
         p = committed(cfg.run_dir).get("phase") or {}
         if not removed and p.get("kind") == "weight" and p.get("units_done", 0) >= 1:
-            cluster.remove_node(leaves, allow_graceful=False)
-            removed = True
-        if removed:
+            cluster.remove_node(second, allow_graceful=False)
             joined["node"] = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4}).node_id
+            cluster.remove_node(first)
+            removed = True
         time.sleep(0.05)
     runner.join()
     assert not errors, errors
@@ -177,7 +185,7 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
         table = pq.read_table(path, columns=["node", "status"])
         assert "sandbox_error" not in table.column("status").to_pylist(), path.name  # lost work was redone
         nodes |= set(table.column("node").to_pylist())
-    assert {stays.node_id, leaves.node_id, joined["node"]} <= nodes
+    assert {first.node_id, second.node_id, joined["node"]} <= nodes
     assert main.node_id not in nodes  # evaluators went only where their resource is
     kinds = [e["kind"] for e in read_events(cfg.run_dir)]
     assert "node_left" in kinds and "node_joined" in kinds

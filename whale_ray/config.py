@@ -200,7 +200,7 @@ class SandboxConfig(_Strict):
     # sized to the cluster's free resources while a phase runs, following nodes as they join and leave.
     evaluators: int | Literal["auto"] | EvaluatorRange = 1
     chunk: Optional[int] = Field(None, gt=0)  # episodes per pull; None: a quarter of `slots`
-    episode_retries: int = Field(1, ge=0)  # an episode lost with its evaluator or node is run again this often
+    episode_retries: int = Field(1, ge=0)  # losses of an episode with its evaluator on a live node before it counts as a sandbox error (a loss with its node is not counted)
 
     def pool_bounds(self) -> tuple[int, int, bool]:
         """(min, max, elastic) of the evaluator pool."""
