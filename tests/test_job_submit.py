@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -230,6 +231,108 @@ def test_job_stop_and_resubmit_resume(cluster, uninterrupted):
     assert {k: done["ledger"][k] for k in counts} == {k: reference["ledger"][k] for k in counts}
     assert done["phases_done"] == reference["phases_done"] and done["weight_version"] == reference["weight_version"]
     assert [r["best"] for r in done["history"]] == [r["best"] for r in reference["history"]]
+
+
+# ------------------------------------------------------------------------------------------- whale serve
+def serve_apps(c: dict) -> dict:
+    """The cluster's Serve applications, from the dashboard's REST API (what `serve status` reads)."""
+    import urllib.request
+
+    token = Path(c["env"]["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    req = urllib.request.Request(f"{c['head'].address}/api/serve/applications/",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read()).get("applications") or {}
+
+
+def running_replicas(c: dict) -> int:
+    app = serve_apps(c).get("whale") or {}
+    deployment = (app.get("deployments") or {}).get("WhaleEndpoint") or {}
+    return sum(r.get("state") == "RUNNING" for r in deployment.get("replicas") or [])
+
+
+def test_whale_serve_follows_a_training_job(cluster):
+    """`whale serve --run-dir --ray-address` (the CLI, as a user starts it) beside a job that trains on the same
+    cluster, with autoscaling bounds: six `openai` clients see the weight version rise to the job's last one,
+    never go down, each reply labelled with its weights; the load scales the endpoint to its second replica;
+    SIGTERM takes the app down and leaves Serve to the cluster. The transcript is kept beside the job's."""
+    import openai
+
+    c = cluster
+    run_dir = c["storage"] / "served"
+    conf = {**yaml.safe_load((c["checkout"] / "study.yaml").read_text()), "run_dir": "served",
+            "serve": {"replica_cpus": 0.25, "max_concurrent": 4, "upscale_delay_s": 5}}  # target: 2 per replica
+    (c["checkout"] / "served.yaml").write_text(yaml.safe_dump(conf))
+    jobs = client(c["head"], c["env"])
+    job = jobs.submit_job(entrypoint=ENTRYPOINT.format("served.yaml"), runtime_env={"working_dir": str(c["checkout"])})
+    deadline = time.monotonic() + JOB_S
+    while not (run_dir / "config.yaml").is_file():  # `whale serve --run-dir` needs the run on record
+        assert time.monotonic() < deadline and jobs.get_job_status(job).value in ("PENDING", "RUNNING"), jobs.get_job_logs(job)
+        time.sleep(0.5)
+    (port,) = free_ports(1)
+    log = c["root"] / "whale-serve.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen([sys.executable, "-m", "whale_ray.cli", "serve", "--run-dir", str(run_dir),
+                                   "--ray-address", c["head"].gcs_address, "--port", str(port),
+                                   "--min-replicas", "1", "--max-replicas", "2"],
+                                  cwd=c["checkout"], env=c["env"], stdout=out, stderr=subprocess.STDOUT)
+    url, seen, replicas, stop = f"http://127.0.0.1:{port}/v1", [], [0], threading.Event()
+
+    def ask(i: int) -> None:
+        api = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+        while not stop.is_set():
+            try:
+                r = api.chat.completions.with_raw_response.create(
+                    model="whale-latest", messages=[{"role": "user", "content": "What is 2 + 3?"}], max_tokens=8)
+            except openai.RateLimitError as e:  # the replica is full: 429 with Retry-After, as promised
+                assert e.response.headers.get("retry-after"), e
+                time.sleep(0.2)
+                continue
+            except openai.APIConnectionError:  # not up yet
+                time.sleep(0.5)
+                continue
+            body = r.parse()
+            seen.append((time.monotonic(), i, int(r.headers["x-whale-weight-version"]), body.system_fingerprint))
+
+    clients = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(6)]
+    for t in clients:
+        t.start()
+    try:
+        while jobs.get_job_status(job).value in ("PENDING", "RUNNING"):
+            assert server.poll() is None, log.read_text()[-3000:]
+            replicas[0] = max(replicas[0], running_replicas(c))
+            assert time.monotonic() < deadline
+            time.sleep(2)
+        assert jobs.get_job_status(job).value == "SUCCEEDED", jobs.get_job_logs(job)[-4000:]
+        final = state(run_dir)["weight_version"]
+        while not seen or seen[-1][2] < final:  # the last checkpoint reaches the endpoint within a poll or two
+            assert time.monotonic() < deadline and server.poll() is None, log.read_text()[-3000:]
+            replicas[0] = max(replicas[0], running_replicas(c))
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join(timeout=180)
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=120)
+    text = log.read_text()
+    transcript = [f"$ whale serve --run-dir {run_dir} --ray-address {c['head'].gcs_address} --port {port} "
+                  "--min-replicas 1 --max-replicas 2",
+                  *[line for line in text.splitlines() if line.strip() and "pid=" not in line],  # its own lines
+                  "# t_s client weight_version system_fingerprint"]
+    t0, last = seen[0][0], {}
+    for t, i, v, fp in seen:
+        assert fp == f"whale-v{v}"  # every reply names the weights it came from
+        assert v >= last.get(i, 0), (i, v, last)  # and no client ever sees the version go down
+        if v != last.get(i):
+            transcript.append(f"{t - t0:8.1f} s  client {i}  v{v}  {fp}")
+        last[i] = v
+    (c["root"].parent / f"{c['root'].name}-whale-serve.txt").write_text("\n".join(transcript) + "\n")
+    assert final > 0 and {v for _, _, v, _ in seen} >= {0, final}  # θ0 first, the job's last weights at the end
+    assert len({v for _, _, v, _ in seen}) >= 3, "the clients saw no version between θ0 and the last"
+    assert replicas[0] == 2, f"the endpoint never scaled past {replicas[0]} replica(s)"
+    assert code == 0 and "the endpoint is down" in text, text[-3000:]
+    assert "whale" not in serve_apps(c)  # the app is gone (and Serve with it: this `whale serve` started it)
 
 
 # ------------------------------------------------------------------------------------------- bad input

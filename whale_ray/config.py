@@ -459,3 +459,4 @@ def load_recorded_config(path: Path) -> WhaleConfig:
 
 def dump_config(cfg: WhaleConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    upscale_delay_s: float = Field(30.0, ge=0)  # autoscaling: how long the load must last before a replica is added

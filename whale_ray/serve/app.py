@@ -139,17 +139,34 @@ class WhaleEndpoint:
         return _json(body, version)
 
 
+_started_serve = False  # whether this process started Serve on the cluster (and so may shut it down)
+
+
+def _serve_is_running() -> bool:
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        return True
+    except ValueError:
+        return False
+
+
 def deploy(spec: EndpointSpec) -> str:
     """Starts (or updates) the endpoint on the connected Ray cluster; returns its base URL once every replica
     is up."""
+    global _started_serve
     c = spec.serve
+    _started_serve = _started_serve or not _serve_is_running()
     serve.start(http_options={"host": c.host, "port": c.port})
     # Serve's own cap sits above ours, so excess requests reach the replica and get a 429, not a queue
     opts: dict[str, Any] = {"max_ongoing_requests": 2 * c.max_concurrent + 8,
                             "ray_actor_options": {"num_cpus": c.replica_cpus}}
     if c.min_replicas is not None and c.max_replicas is not None:
         opts["autoscaling_config"] = {"min_replicas": c.min_replicas, "max_replicas": c.max_replicas,
-                                      "target_ongoing_requests": max(1, c.max_concurrent // 2)}
+                                      "target_ongoing_requests": max(1, c.max_concurrent // 2),
+                                      "upscale_delay_s": c.upscale_delay_s}
     else:
         opts["num_replicas"] = c.replicas
     serve.run(WhaleEndpoint.options(**opts).bind(spec), name=APP_NAME, route_prefix="/")
@@ -158,6 +175,10 @@ def deploy(spec: EndpointSpec) -> str:
 
 
 def undeploy() -> None:
-    """Ends the endpoint and Serve on this cluster."""
+    """Ends the endpoint, and Serve itself if this process started it: on a shared cluster (`--ray-address`)
+    other applications keep their Serve."""
+    global _started_serve
     serve.delete(APP_NAME)
-    serve.shutdown()
+    if _started_serve:
+        serve.shutdown()
+        _started_serve = False

@@ -4,6 +4,7 @@ run's length). The CLI parses and calls these; Ray is connected (or started) by 
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -47,14 +48,21 @@ def endpoint_spec(run_dir: Path | None, model: Path | None, domain: str, harness
 def serve_until_interrupted(spec: EndpointSpec, say: Callable[[str], None]) -> None:
     from whale_ray.serve.app import deploy, undeploy
 
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # a pod or service manager stops it so: Serve apps outlive their driver
     url = deploy(spec)
     say(f"serving {', '.join(m.name for m in spec.models)} at {url} "
-        f"({'following ' + spec.run_dir if spec.run_dir else 'fixed weights'}); Ctrl-C stops")
+        f"({'following ' + spec.run_dir if spec.run_dir else 'fixed weights'}); Ctrl-C or SIGTERM stops")
     try:
         while True:
             time.sleep(3600)
+    except KeyboardInterrupt:  # the way to stop it: not an interrupted run, nothing to resume
+        say("stopping the endpoint")
     finally:
         undeploy()
+    say("the endpoint is down")
 
 
 @contextlib.contextmanager
