@@ -258,6 +258,7 @@ class ServeConfig(_Strict):
     replicas: int = Field(1, gt=0)  # fixed replica count, unless min_replicas and max_replicas are both set
     min_replicas: Optional[int] = Field(None, ge=0)  # Serve autoscaling bounds
     max_replicas: Optional[int] = Field(None, gt=0)
+    upscale_delay_s: float = Field(30.0, ge=0)  # autoscaling: how long the load must last before a replica is added
     replica_cpus: float = Field(1.0, ge=0)  # Ray CPUs each replica holds
     max_concurrent: int = Field(64, gt=0)  # requests in flight per replica; more get 429 with Retry-After
     api_key_env: Optional[str] = None  # NAME of the variable holding the key clients must send; None = no key
@@ -459,4 +460,3 @@ def load_recorded_config(path: Path) -> WhaleConfig:
 
 def dump_config(cfg: WhaleConfig) -> str:
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-    upscale_delay_s: float = Field(30.0, ge=0)  # autoscaling: how long the load must last before a replica is added
