@@ -67,9 +67,7 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory, tiny_policy):
-    import ray
-
+def served(tmp_path_factory, tiny_policy, ray_cluster):
     from tests.conftest import small_config
     from whale_ray.config import ServeConfig, dump_config
     from whale_ray.serve.app import deploy, undeploy
@@ -79,17 +77,12 @@ def served(tmp_path_factory, tiny_policy):
     (root / "config.yaml").write_text(dump_config(small_config(root)))
     run = Run(root, tiny_policy)
     os.environ[KEY_ENV] = KEY
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     port = free_port()
     spec = for_run_dir(root, tiny_policy, ServeConfig(port=port, replicas=2, max_concurrent=40,
                                                       api_key_env=KEY_ENV, poll_s=0.2))
     url = deploy(spec)
     yield url, run
     undeploy()
-    if started_here:
-        ray.shutdown()
 
 
 def client(url: str, **kw) -> openai.OpenAI:
@@ -339,6 +332,54 @@ def test_agent_run_h0_then_a_red_team_h_star(served):
     assert reply["harness_id"] == cid and reply["status"] == "ok", reply
     assert reply["answer"] == "env:clean rundir:blocked gold:blocked net:blocked"
     assert _post(url, OK).status_code == 200
+
+
+SEARCH_THEN_ANSWER = """def run(task, agent):
+    found = agent.tool("search", query=task["question"], topk=1)
+    agent.generate([{"role": "user", "content": task["question"]}], max_tokens=2)
+    return found
+"""
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_agent_of_search_qa_searches_its_own_retriever_and_chess_is_refused(ray_cluster, tiny_policy, tmp_path):
+    """The agent route's runner (Replica.agent_run, the code behind POST /v1/agent/run, without HTTP) for the
+    domains with trusted parts: search_qa's search reaches a Retriever actor the endpoint started from the run's
+    config, and returns what a retriever built here over the same corpus returns; chess, whose opponent plays
+    the reference line (a trusted field), is one 400 line, not a game against no one."""
+    from domains.search_qa import generator, retrieval
+    from tests.conftest import small_config
+    from whale_ray.config import ServeConfig
+    from whale_ray.domain import get_domain
+    from whale_ray.serve.agent import AgentRequest, start_agent_services
+    from whale_ray.serve.openai_api import ApiError
+    from whale_ray.serve.replica import Replica
+    from whale_ray.serve.spec import for_model
+
+    harness = tmp_path / "search_then_answer.py"
+    harness.write_text(SEARCH_THEN_ANSWER)
+    cfg = small_config(tmp_path / "run", domain="search_qa")
+    config = cfg.model_dump(mode="json")
+    spec = for_model(tiny_policy, domain="search_qa", harness=harness, policy=cfg.policy, sandbox=cfg.sandbox,
+                     serve=ServeConfig(), config=config)
+    services = start_agent_services(config, None)
+    replica = Replica(spec, services)
+    task = get_domain("search_qa").load_splits(cfg.data, cfg.seed).test[0]
+    try:
+        reply, version = asyncio.run(replica.agent_run(AgentRequest(task=task.public())))
+    finally:
+        ray_cluster.kill(services["retriever"])
+    assert reply["status"] == "ok" and version == 0, reply
+    here = retrieval.build_retriever(get_domain("search_qa").settings(cfg).retrieval, generator.corpus(cfg.seed))
+    assert reply["answer"] == retrieval.format_passages(here.search([task.question], 1)[0])
+    assert reply["tool_calls"][0]["name"] == "search" and len(reply["model_calls"]) == 1
+
+    chess = Replica(for_model(tiny_policy, domain="chess_puzzles", harness=None, policy=cfg.policy,
+                              sandbox=cfg.sandbox, serve=ServeConfig()))
+    fen = "6k1/5ppp/8/8/8/8/5PPP/R5K1 w - - 0 1"
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(chess.agent_run(AgentRequest(task={"question": "Mate in one.", "fen": fen})))
+    assert refused.value.status == 400 and "reference line" in refused.value.message
 
 
 def test_tool_calls_in_the_hermes_format():

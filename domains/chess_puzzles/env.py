@@ -61,6 +61,8 @@ def host_tools() -> dict[str, Callable[..., str]]:
 
 def episode_tools(task: Task) -> dict[str, Callable[..., str]]:
     """A fresh move environment for one episode of `task` (start FEN in meta, reference line in answer)."""
+    if not task.answer.split():  # a task from outside the data (the endpoint's agent): no opponent to play
+        raise ValueError("the move environment plays the puzzle's reference line, a trusted field this task lacks")
     game = PuzzleGame(task.meta["fen"], task.answer.split())
 
     def move(uci: str) -> str:

@@ -5,8 +5,10 @@ of the run's `sandbox:` config); its model calls come back over the RPC channel 
 PolicyService. The request carries only public task fields: the endpoint has no verifier, no gold answer and
 no D_test, so none of them can reach the harness, and the reply has no reward.
 
-Domains whose tools need a shared trusted service (search_qa's retriever) or the task's trusted fields
-(chess's opponent plays the reference line) cannot run from public fields alone: they are refused with one line.
+A domain's shared trusted services (search_qa's retriever) are started once by `deploy`, in the driver, from
+the run's config (`start_agent_services`), and handed to every replica. A domain whose tools need the task's
+trusted fields (chess's opponent plays the reference line) cannot run from public fields alone: it is refused
+with one line.
 """
 
 from __future__ import annotations
@@ -32,14 +34,28 @@ class AgentRequest(BaseModel):
     seed: int = 0
 
 
+def start_agent_services(config: dict[str, Any], run_dir: str | None) -> dict[str, Any]:
+    """The domain's shared services (Ray actors) for the endpoint's agent, as a run starts them
+    (`Domain.start_services`), from the run's resolved `config`; their events go to the followed `run_dir`,
+    else to a folder of their own."""
+    import tempfile
+
+    from whale_ray.config import WhaleConfig
+
+    cfg = WhaleConfig.model_validate(config)
+    cfg.run_dir = run_dir or tempfile.mkdtemp(prefix="whale-serve-")
+    domain = get_domain(cfg.domain)
+    return domain.start_services(cfg, domain.load_splits(cfg.data, cfg.seed))
+
+
 class AgentRunner:
-    def __init__(self, domain: str, sandbox: SandboxConfig):
+    def __init__(self, domain: str, sandbox: SandboxConfig, services: dict[str, Any] | None = None):
         self.domain = get_domain(domain)
         self.limits = SandboxLimits.from_config(sandbox)
         d = self.domain
         self.tools_path = d.sandbox_tools_path if d.sandbox_tools_path.exists() else None
         try:
-            self.host_tools: dict[str, Callable[..., str]] | None = d.host_tools({})
+            self.host_tools: dict[str, Callable[..., str]] | None = d.host_tools(dict(services or {}))
             self.unavailable = ""
         except Exception as e:  # noqa: BLE001 - the domain's own reason, one line
             self.host_tools, self.unavailable = None, f"domain {d.name!r} cannot run agents here: {e}"

@@ -20,7 +20,7 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from whale_ray.serve import openai_api as api
-from whale_ray.serve.agent import AgentRequest
+from whale_ray.serve.agent import AgentRequest, start_agent_services
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
 from whale_ray.serve.replica import Replica
 from whale_ray.serve.spec import EndpointSpec
@@ -57,12 +57,12 @@ def _json(body: dict[str, Any], version: int) -> JSONResponse:
 @serve.deployment(name="WhaleEndpoint")
 @serve.ingress(app)
 class WhaleEndpoint:
-    def __init__(self, spec: EndpointSpec):
+    def __init__(self, spec: EndpointSpec, services: dict[str, Any]):
         if spec.serve.replica_cpus >= 1:
             import torch
 
             torch.set_num_threads(int(spec.serve.replica_cpus))  # replicas sharing a node do not oversubscribe it
-        self.replica = Replica(spec)
+        self.replica = Replica(spec, services)
         self._key = spec.api_key_sha256
         self._follow: Optional[asyncio.Task] = None
 
@@ -169,7 +169,8 @@ def deploy(spec: EndpointSpec) -> str:
                                       "upscale_delay_s": c.upscale_delay_s}
     else:
         opts["num_replicas"] = c.replicas
-    serve.run(WhaleEndpoint.options(**opts).bind(spec), name=APP_NAME, route_prefix="/")
+    services = start_agent_services(spec.config, spec.run_dir) if spec.config is not None else {}
+    serve.run(WhaleEndpoint.options(**opts).bind(spec, services), name=APP_NAME, route_prefix="/")
     host = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host
     return f"http://{host}:{c.port}/v1"
 

@@ -42,7 +42,7 @@ def endpoint_spec(run_dir: Path | None, model: Path | None, domain: str, harness
     if harness is not None and not harness.is_file():
         raise ValueError(f"--harness {harness}: no such file")
     return for_model(model, domain=cfg.domain, harness=harness, policy=PolicyConfig(), sandbox=cfg.sandbox,
-                     serve=serve)
+                     serve=serve, config=cfg.model_dump(mode="json"))
 
 
 def serve_until_interrupted(spec: EndpointSpec, say: Callable[[str], None]) -> None:

@@ -57,13 +57,14 @@ def _wanted(follow: str | None, view: RunView) -> Weights:
 
 
 class Replica:
-    def __init__(self, spec: EndpointSpec):
+    def __init__(self, spec: EndpointSpec, services: dict[str, Any] | None = None):
+        """`services`: the domain's shared services for the agent (`agent.start_agent_services`)."""
         self.spec = spec
         self.follower = RunFollower(spec.run_dir, spec.base_model) if spec.run_dir else None
         if self.follower is not None:
             self.follower.poll()  # each engine starts on the weights on record now
         self.models = {s.name: ServedModel(s, self._start_weights(s), spec) for s in spec.models}
-        self.agent = AgentRunner(spec.domain, spec.sandbox)
+        self.agent = AgentRunner(spec.domain, spec.sandbox, services)
         self.in_flight = 0
         self._sync_lock = asyncio.Lock()
 

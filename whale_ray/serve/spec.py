@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import BaseModel
 
@@ -35,6 +35,7 @@ class EndpointSpec(BaseModel):
     sandbox: SandboxConfig = SandboxConfig()
     serve: ServeConfig = ServeConfig()
     api_key_sha256: Optional[str] = None
+    config: Optional[dict[str, Any]] = None  # the resolved run config the agent's domain services start from
 
     @property
     def agent_model(self) -> str:
@@ -54,12 +55,14 @@ def api_key_sha256(env_name: Optional[str]) -> Optional[str]:
 
 
 def for_model(model: str | Path, *, domain: str, harness: str | Path | None, policy: PolicyConfig,
-              sandbox: SandboxConfig, serve: ServeConfig, name: str = "whale") -> EndpointSpec:
-    """A fixed checkpoint, served as `name`; the agent runs `harness` (the domain's h0 by default)."""
+              sandbox: SandboxConfig, serve: ServeConfig, name: str = "whale",
+              config: dict[str, Any] | None = None) -> EndpointSpec:
+    """A fixed checkpoint, served as `name`; the agent runs `harness` (the domain's h0 by default); `config`:
+    the resolved config its domain services start from (none: the domain needs none)."""
     path = str(Path(model).resolve())
     return EndpointSpec(models=[ModelSource(name=name, path=path)], base_model=path, domain=domain,
                         harness_path=str(harness or get_domain(domain).h0_path), policy=policy, sandbox=sandbox,
-                        serve=serve, api_key_sha256=api_key_sha256(serve.api_key_env))
+                        serve=serve, api_key_sha256=api_key_sha256(serve.api_key_env), config=config)
 
 
 def for_run(cfg: WhaleConfig, base_model: str, serve: ServeConfig | None = None) -> EndpointSpec:
@@ -70,7 +73,7 @@ def for_run(cfg: WhaleConfig, base_model: str, serve: ServeConfig | None = None)
         models=[ModelSource(name=LATEST, follow="latest"), ModelSource(name=BEST, follow="best")],
         run_dir=str(Path(cfg.run_dir).resolve()), base_model=base_model, domain=cfg.domain,
         harness_path=str(cfg.harness or get_domain(cfg.domain).h0_path), policy=cfg.policy, sandbox=cfg.sandbox,
-        serve=serve, api_key_sha256=api_key_sha256(serve.api_key_env))
+        serve=serve, api_key_sha256=api_key_sha256(serve.api_key_env), config=cfg.model_dump(mode="json"))
 
 
 def for_run_dir(run_dir: str | Path, base_model: str, serve: ServeConfig | None = None) -> EndpointSpec:
