@@ -80,7 +80,8 @@ class Coordinator:
         if self.trains:
             self.trainer = Trainer.options(**place.options("trainer", RoleResources()), **restarts).remote(
                 self.base_model, cfg.weight, str(run.root / "trainer"), seed=cfg.seed,
-                resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu), events_dir=str(run.root))
+                resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu), events_dir=str(run.root),
+                empty_cache_after_step=p.engine == "vllm" and p.sleep_level > 0)
             if checkpoint:
                 ray.get(self.trainer.load_checkpoint.remote(checkpoint))
         self.policy = PolicyServer.options(**place.options("policy_server", res.policy_server), **restarts).remote(

@@ -1,8 +1,13 @@
 """PolicyServer: the policy that generates, shared by every episode of every evaluator.
 
 A Ray actor around `whale_ray.policy.serving.PolicyService`: concurrent requests from many episodes are
-batched (by vLLM's scheduler, or gathered into one pass for the transformers engine); new weights arrive as
-an object ref from the Trainer and are loaded in place, without a restart.
+batched (by vLLM's scheduler, or gathered into one pass for the transformers engine); new weights arrive from
+the Trainer (a CPU state dict by object ref, or CUDA IPC handles of its GPU buckets when it trains on a GPU:
+whale_ray/policy/weight_sync.py) and are loaded in place, without a restart.
+
+With vLLM's sleep mode (policy.sleep_level), the weight phase puts the server to sleep for each Trainer
+step; the step's new weights wake it. A step that trained nothing wakes it with `wake_up`, which at level 2
+(weights dropped) reloads the Trainer's current weights.
 
 Restarted by Ray after a crash (the Coordinator gives it `max_restarts` and `max_task_retries`, so the
 episodes' calls in flight are sent again), it comes back serving the latest weights, not the ones it was
@@ -28,6 +33,7 @@ class PolicyServer:
                  events_dir: str | None = None, **engine_kwargs: Any):
         self._service = PolicyService(model_path, engine=engine, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
                                       version=version, **engine_kwargs)
+        self._trainer = weights_from
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._come_back(weights_from, EventLog(events_dir) if events_dir else None)
 
@@ -36,7 +42,7 @@ class PolicyServer:
         if trainer is not None:
             latest = ray.get(trainer.version.remote())
             if latest != version:
-                self._service.engine.load_weights(ray.get(trainer.latest_weights.remote(latest)), latest)
+                self._service.load_weights_now(ray.get(trainer.latest_weights.remote(latest)), latest)
                 version = latest
         if events is not None:
             events.emit("actor_restarted", f"the PolicyServer was restarted by Ray and serves weight version {version}",
@@ -45,8 +51,23 @@ class PolicyServer:
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
         return await self._service.generate(messages, sampling)
 
-    async def load_weights(self, state_dict: dict, version: int) -> int:
-        return await self._service.load_weights(state_dict, version)
+    async def load_weights(self, weights: Any, version: int) -> int:
+        return await self._service.load_weights(weights, version)
+
+    async def sleep(self) -> None:
+        await self._service.sleep()
+
+    async def wake_up(self) -> int:
+        """Awake again on the weights it served before it slept; returns the version."""
+        if self._service.needs_weights_to_wake():
+            if self._trainer is None:
+                raise RuntimeError("PolicyServer.wake_up: level-2 sleep dropped the weights and no Trainer was "
+                                   "given (weights_from) to reload them from")
+            version = self._service.version()
+            await self._service.load_weights(await self._trainer.latest_weights.remote(version), version)
+        else:
+            await self._service.wake_up()
+        return self._service.version()
 
     def version(self) -> int:
         return self._service.version()

@@ -12,8 +12,14 @@ actor; `train_loop_per_worker` builds an `RSFTLearner` on every worker (DDP thro
 
 Every rank answers every command, so a call returns only when all ranks are done. For a step, every rank
 gets the same object ref of the full example list and takes its own shard (see `RSFTLearner`); rank 0
-puts the new state dict in the object store and sends the ref, which the Trainer materialises at once (so
-the weights outlive the worker that made them) and serves from `latest_weights()`.
+sends the new weights, which the Trainer serves from `latest_weights()`:
+- training on CPU (or `weight.weight_sync: object_store`): rank 0 puts the state dict in the object store and
+  the Trainer materialises it at once (so the weights outlive the worker that made them);
+- training on a GPU: rank 0 snapshots its parameters into GPU buckets and sends their CUDA IPC handles
+  (`whale_ray.policy.weight_sync.SharedWeights`); a PolicyServer on the same host copies them straight into
+  its engine, one that cannot see that GPU fetches them through the object store once (`host_weights`). The
+  handles are only good while the Ray Train run lives: when it ends (released, failed) the Trainer forgets
+  them, and a `latest_weights` after that starts a new run from the last saved state (that same version).
 
 `release_workers()` saves the full state (model + optimizer) under `checkpoint_dir/live`, ends the fit
 and frees the workers' CPUs/GPUs (e.g. for the harness phase); the next call restarts from that state.
@@ -30,6 +36,7 @@ restarted by Ray, comes back from the last state it saved (`last_state.json` in 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -44,6 +51,7 @@ import torch
 
 from whale_ray.config import WeightPhaseConfig
 from whale_ray.events import EventLog
+from whale_ray.policy.weight_sync import SharedWeights
 from whale_ray.resources import ResourcesConfig
 from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
 
@@ -145,8 +153,24 @@ def train_loop_per_worker(config: dict) -> None:
     def reply(seq: int, kind: str, **data: Any) -> None:
         outbox.put({"rank": rank, "seq": seq, "kind": kind, **data})
 
+    shared: list[torch.Tensor] = []  # rank 0: the GPU buckets of the version it last shared
+
     def weights_ref() -> Any:
-        return ray.put(learner.state_dict()) if rank == 0 else None
+        if rank != 0:
+            return None
+        if config.get("weight_sync") != "cuda_ipc" or learner.device.type != "cuda":
+            return ray.put(learner.state_dict())
+        from whale_ray.policy.weight_sync import share
+
+        # the last version's buckets are overwritten: the server has loaded it by now (weight_sync's docstring)
+        weights, buckets = share(learner.model.state_dict(), learner.step, buckets=shared)
+        shared[:] = buckets
+        return weights
+
+    def give_back_cache() -> None:
+        # a sleeping vLLM on this GPU wakes into the memory the step used: hand it back to the driver
+        if config.get("empty_cache") and learner.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     seq = 0  # the "ready" reply answers command 0
     try:
@@ -171,7 +195,11 @@ def train_loop_per_worker(config: dict) -> None:
                 except InvalidExamples as e:  # every rank checks the same full list before any change
                     reply(seq, "rejected", error=str(e))
                     continue
-                reply(seq, "trained", metrics=metrics, weights=weights_ref() if metrics["trained"] else None)
+                weights = weights_ref() if metrics["trained"] else None
+                give_back_cache()
+                reply(seq, "trained", metrics=metrics, weights=weights)
+            elif kind == "host":  # the state dict through the object store, for a server on another host
+                reply(seq, "hosted", weights=ray.put(learner.state_dict()) if rank == 0 else None)
             elif kind == "save":
                 if rank == 0:
                     learner.save(cmd[2])
@@ -270,7 +298,7 @@ class Trainer:
 
     def __init__(self, model_path: str, cfg: WeightPhaseConfig, checkpoint_dir: str, *, seed: int = 0,
                  resources_per_worker: dict[str, float] | None = None, max_len: int | None = None,
-                 events_dir: str | None = None) -> None:
+                 events_dir: str | None = None, empty_cache_after_step: bool = False) -> None:
         from ray.train import ScalingConfig
         from ray.train.torch import TorchConfig
 
@@ -283,10 +311,12 @@ class Trainer:
         self._scaling = ScalingConfig(num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources)
         self._torch_config = TorchConfig(backend="nccl" if w.use_gpu else "gloo")
         self._trainer_cfg = {"model_path": str(Path(model_path).resolve()),
-                             "learner": _learner_kwargs(cfg, seed, max_len)}
+                             "learner": _learner_kwargs(cfg, seed, max_len),
+                             "weight_sync": "cuda_ipc" if w.use_gpu and w.weight_sync == "auto" else "object_store",
+                             "empty_cache": empty_cache_after_step}
         self._session: _Session | None = None
         self._resume: str | None = None  # where a new session starts from (None: model_path)
-        self._weights: dict[str, torch.Tensor] | None = None
+        self._weights: dict[str, torch.Tensor] | SharedWeights | None = None
         self._version = 0
         self._broken: str | None = None
         self._closed = False
@@ -338,10 +368,20 @@ class Trainer:
         return self._session
 
     def _adopt(self, reply: dict) -> None:
-        if reply.get("weights") is not None:
-            self._weights = ray.get(reply["weights"])  # owned here from now on, not by the worker
+        weights = reply.get("weights")
+        if isinstance(weights, SharedWeights):  # a server that cannot open them asks this actor (host_weights)
+            self._weights = dataclasses.replace(weights, fallback=ray.get_runtime_context().current_actor)
+        elif weights is not None:
+            self._weights = ray.get(weights)  # owned here from now on, not by the worker
         if "step" in reply:
             self._version = int(reply["step"])
+
+    def _end_session(self) -> _Session | None:
+        """Forget the session; IPC handles into its workers' memory die with it (CPU weights stay)."""
+        session, self._session = self._session, None
+        if isinstance(self._weights, SharedWeights):
+            self._weights = None
+        return session
 
     def _call(self, kind: str, *args: Any) -> dict:
         session = self._start()
@@ -351,7 +391,7 @@ class Trainer:
             raise  # nothing changed on the workers: the session stays usable
         except BaseException as e:
             self._broken = (str(e).splitlines() or [repr(e)])[0][:300]
-            self._session = None
+            self._end_session()
             session.close(timeout=30)
             raise
 
@@ -390,13 +430,20 @@ class Trainer:
             self._adopt({"weights": reply["weights"], "step": metrics["step"]})
         return {**metrics, "version": self._version, "wall_s": time.perf_counter() - t0}
 
-    def latest_weights(self, version: int | None = None) -> dict[str, torch.Tensor]:
-        """The newest state dict (CPU tensors), which must be `version`. Pass `trainer.latest_weights.remote(v)`
-        straight on to `PolicyServer.load_weights.remote(ref, v)`; the driver never needs to fetch it."""
+    def latest_weights(self, version: int | None = None) -> dict[str, torch.Tensor] | SharedWeights:
+        """The newest weights, which must be `version`: a CPU state dict, or `SharedWeights` when training on a
+        GPU (see the module docstring). Pass `trainer.latest_weights.remote(v)` straight on to
+        `PolicyServer.load_weights.remote(ref, v)`; the driver never needs to fetch it."""
         if self._weights is None:
             self._start()
         _check_version(self._version, version, "latest_weights")
         return self._weights
+
+    def host_weights(self, version: int) -> list:
+        """[an object ref of the CPU state dict of `version`], put there by rank 0: `SharedWeights`' fallback
+        for a server that cannot see the Trainer's GPU (the weights cross the object store once)."""
+        _check_version(self._version, version, "host_weights")
+        return [self._call("host")["weights"]]
 
     def version(self) -> int:
         return self._version
@@ -429,12 +476,11 @@ class Trainer:
         live = str(self.checkpoint_dir / "live")
         self._call_again_on_loss("save", live)
         self._saved(live)
-        session, self._session = self._session, None
-        session.close()
+        self._end_session().close()
 
     def shutdown(self) -> None:
         """End the Ray Train run and free its workers and queues. Idempotent."""
         self._closed = True
-        session, self._session = self._session, None
+        session = self._end_session()
         if session is not None:
             session.close()

@@ -285,3 +285,42 @@ def test_the_report_names_the_runs_k(tmp_path):
     assert "test mean@3" in markdown_table(history) and "mean@8" not in markdown_table(history)
     summary = (write_report(cfg.run_dir, RunState.load(cfg.run_dir)) / "summary.md").read_text()
     assert "mean@3" in summary and "mean@8" not in summary
+
+
+class SleepyPolicy(Policy):
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def load_weights(self, weights, version):
+        self.calls.append("load")
+        return super().load_weights(weights, version)
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def wake_up(self):
+        self.calls.append("wake")
+        return 0
+
+
+class EveryOtherStepTrains(Trainer):
+    def train_step(self, examples, version):
+        self.steps = getattr(self, "steps", 0) + 1
+        return super().train_step(examples if self.steps % 2 else [], version)
+
+
+@pytest.mark.parametrize("level", [0, 2])
+def test_vllm_sleeps_through_each_trainer_step_when_asked(level, tmp_path):
+    """policy.sleep_level > 0: the server sleeps for every train_step and is woken by the new weights, or by
+    wake_up after a step that trained nothing; at 0 the loop never calls either."""
+    cfg = small_config(tmp_path / "run", condition="rsft_only", policy__engine="vllm", policy__sleep_level=level)
+    policy, trainer = SleepyPolicy(), EveryOtherStepTrains()
+    loop, _ = make_loop(cfg, trainer=trainer, policy=policy)
+    loop.run()
+    if level == 0:
+        assert "sleep" not in policy.calls and "wake" not in policy.calls
+        return
+    assert policy.calls.count("sleep") == trainer.steps >= 2
+    pairs = ["".join(policy.calls[i:i + 2]) for i in range(0, len(policy.calls), 2)]
+    assert set(pairs) == {"sleepload", "sleepwake"}  # each sleep ends at once, one way or the other

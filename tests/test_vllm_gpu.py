@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -207,4 +208,70 @@ def test_a_long_completion_never_holds_back_a_short_one(engines, policy, tmp_pat
     short_out = short.result()
     assert not long.done() and len(short_out.completion_ids) == 4  # served while the long one still runs
     assert len(long.result().completion_ids) == 400 and long.result().finish_reason == "length"
+    v.close()
+
+
+def test_shared_weights_open_in_another_process_and_follow_each_version(tmp_path):
+    """CUDA IPC buckets (whale_ray/policy/weight_sync.py): another process opens them and reads exactly the
+    producer's tensors, tied names included; the next version overwrites the same buckets."""
+    import pickle
+    import subprocess
+    import sys
+
+    from whale_ray.policy.weight_sync import materialize, share
+
+    emb = torch.randn(1000, 64, device="cuda")
+    state = {"model.embed_tokens.weight": emb, "lm_head.weight": emb,
+             "model.norm.weight": torch.randn(64, device="cuda", dtype=torch.bfloat16),
+             "model.layers.0.mlp.up_proj.weight": torch.randn(256, 64, device="cuda")}
+    child = ("import json, pickle, sys, torch; from whale_ray.policy.weight_sync import materialize; "
+             "w = pickle.load(open(sys.argv[1], 'rb')); s = materialize(w, w.version); "
+             "print(json.dumps({k: [float(t.double().sum()), str(t.dtype), list(t.shape)] for k, t in s.items()}))")
+    buckets = None
+    for version in (1, 2):
+        w, buckets = share(state, version, buckets=buckets, bucket_bytes=300_000)  # more than one bucket
+        assert len(w.handles) >= 2 and w.nbytes < sum(t.numel() * t.element_size() for t in state.values())
+        (tmp_path / "w.pkl").write_bytes(pickle.dumps(w))
+        got = json.loads(subprocess.run([sys.executable, "-c", child, str(tmp_path / "w.pkl")], check=True,
+                                        capture_output=True, text=True).stdout.splitlines()[-1])
+        want = {k: [float(t.double().sum()), str(t.dtype), list(t.shape)] for k, t in state.items()}
+        assert got == want
+        for t in state.values():
+            t.mul_(2)  # the next version differs; the buckets still hold this one until share() again
+    with pytest.raises(ValueError, match="version 2, not 3"):
+        materialize(w, 3)
+
+
+def test_sleep_levels_free_memory_and_wake_on_the_same_weights(policy):
+    """Sleep level 1 (weights to CPU) then wake_up; level 2 (weights dropped) then load_weights: greedy
+    outputs equal the ones before each sleep, and requests sent while asleep wait for the wake."""
+    import threading
+
+    from whale_ray.policy.vllm_engine import VLLMEngine
+
+    v = VLLMEngine(policy, dtype="bfloat16", max_batch=64, gpu_memory_utilization=0.15, cuda_graphs=False,
+                   sleep_level=1)
+    reqs = [ask(q, max_tokens=24, temperature=0.0) for q in QUESTIONS]
+    before = [o.completion_ids for o in v.generate(reqs)]
+    from safetensors.torch import load_file
+
+    state = {k: t.cuda() for f in sorted(Path(policy).glob("*.safetensors")) for k, t in load_file(str(f)).items()}
+    for level in (1, 2):
+        v.sleep_level = level
+        free0 = torch.cuda.mem_get_info()[0]
+        v.sleep()
+        freed = torch.cuda.mem_get_info()[0] - free0
+        assert v.asleep and freed > 0
+        waiting = v.submit(reqs[0])
+        time.sleep(0.2)
+        assert not waiting.done()  # held while asleep
+        if level == 1:
+            threading.Timer(0.1, v.wake_up).start()
+        else:
+            with pytest.raises(RuntimeError, match="level-2"):
+                v.wake_up()
+            threading.Timer(0.1, v.load_weights, args=(state, v.version + 1)).start()
+        assert waiting.result(timeout=60).completion_ids == before[0]
+        print(f"sleep level {level} freed {freed / 2**30:.2f} GiB")
+        assert not v.asleep and [o.completion_ids for o in v.generate(reqs)] == before
     v.close()

@@ -67,10 +67,17 @@ class PolicyConfig(_Strict):
     # vllm only: the share of the GPU's memory vLLM takes (weights, activations, KV cache), so that a Trainer on
     # the same GPU has the rest; the transformers engine allocates as it goes.
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    # vllm only: vLLM's sleep mode during each Trainer step of the weight phase, so the Trainer on the same GPU
+    # gets vLLM's memory back. 1: weights copied to CPU and KV cache dropped; 2: both dropped (the step's new
+    # weights are loaded right after it anyway; a step that did not train reloads the Trainer's current ones).
+    # 0: off (the two share the GPU by gpu_memory_utilization alone).
+    sleep_level: Literal[0, 1, 2] = 0
 
     def engine_options(self) -> dict[str, float]:
         """The engine's own keyword arguments beyond device and dtype (PolicyServer -> make_engine)."""
-        return {"gpu_memory_utilization": self.gpu_memory_utilization} if self.engine == "vllm" else {}
+        if self.engine != "vllm":
+            return {}
+        return {"gpu_memory_utilization": self.gpu_memory_utilization, "sleep_level": self.sleep_level}
 
 
 class WeightPhaseConfig(_Strict):
@@ -87,6 +94,10 @@ class WeightPhaseConfig(_Strict):
     checkpoint_every: int = Field(1, gt=0)
     # Free the Ray Train workers' CPUs/GPUs for the harness phase; None: when they use GPUs.
     release_workers: Optional[bool] = None
+    # How new weights reach the PolicyServer. auto: by CUDA IPC handles when training on a GPU (a server on
+    # the same host copies them GPU to GPU; one on another host fetches them through the object store once),
+    # else through the object store. object_store: always through the object store.
+    weight_sync: Literal["auto", "object_store"] = "auto"
 
     @property
     def release_workers_after_phase(self) -> bool:

@@ -18,7 +18,10 @@ from whale_ray.records import EpisodeJob, EpisodeResult, Task
 
 
 class Policy(Protocol):
-    def load_weights(self, weights: Any, version: int) -> int: ...
+    def load_weights(self, weights: Any, version: int) -> int: ...  # wakes a sleeping server
+    # only with policy.sleep_level > 0 (vLLM's sleep mode around each Trainer step):
+    def sleep(self) -> None: ...
+    def wake_up(self) -> int: ...
 
 
 class Trainer(Protocol):

@@ -67,6 +67,7 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
     n_weight = len(ctx.splits.weight)
     budget = max(1, round(phase.budget * n_weight))
     since_checkpoint = 0
+    sleeps = ctx.cfg.policy.engine == "vllm" and ctx.cfg.policy.sleep_level > 0
     while prog.prompts_done < budget:
         if phase.adaptive and weight_phase_should_stop(prog.prompts_done / n_weight, prog.step_rewards, ctx.cfg.adaptive):
             break
@@ -79,12 +80,16 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         ctx.run.write_rollouts(name, "weight", cycle, rollouts)
         examples, sources = training_examples(ctx, rollouts, tasks)
         version_before = state.weight_version
+        if sleeps:
+            ctx.roles.policy.sleep()  # vLLM's memory goes to the Trainer's step (policy.sleep_level)
         metrics = trainer.train_step(examples, version_before)
         if metrics["trained"]:
             state.weight_version = metrics["version"]
             ctx.roles.policy.load_weights(trainer.latest_weights(state.weight_version), state.weight_version)
             state.ledger.weight_steps += 1
             since_checkpoint += 1
+        elif sleeps:
+            ctx.roles.policy.wake_up()  # no new weights to wake it
         ctx.run.write_train_step(name.removeprefix("weight-"), {
             "cycle": cycle, "step": prog.units_done, "rollout_file": name, "version_before": version_before,
             "version_after": state.weight_version, "examples": sources, "metrics": metrics})

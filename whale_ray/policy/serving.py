@@ -16,8 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from whale_ray.policy import make_engine
 from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request
+from whale_ray.policy.weight_sync import SharedWeights, materialize
 from whale_ray.records import ModelCall, SamplingParams
 
 
@@ -131,10 +134,34 @@ class PolicyService:
         self._requests += 1
         return await self.engine.agenerate(request)
 
-    async def load_weights(self, state_dict: dict, version: int) -> int:
+    async def load_weights(self, weights: Any, version: int) -> int:
+        """`weights`: a state dict, or the Trainer's `SharedWeights` (opened here, or fetched once through the
+        object store where this process cannot see their GPU)."""
         # Off the event loop: the engine waits for the requests in flight to finish on the old weights.
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.load_weights, state_dict, version)
+        await asyncio.get_running_loop().run_in_executor(None, self.load_weights_now, weights, version)
         return self.engine.version
+
+    def load_weights_now(self, weights: Any, version: int) -> None:
+        state = materialize(weights, version)
+        self.engine.load_weights(state, version)
+        if isinstance(weights, SharedWeights) and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the engine's copies out of the Trainer's buckets are done before we drop them
+        del state
+
+    async def sleep(self) -> None:
+        """The engine's sleep mode (vLLM with sleep_level > 0) until `wake_up` or `load_weights`; else nothing."""
+        if hasattr(self.engine, "sleep"):
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.sleep)
+
+    def asleep(self) -> bool:
+        return bool(getattr(self.engine, "asleep", False))
+
+    def needs_weights_to_wake(self) -> bool:
+        return self.asleep() and getattr(self.engine, "sleep_level", 0) == 2
+
+    async def wake_up(self) -> None:
+        if self.asleep():
+            await asyncio.get_running_loop().run_in_executor(None, self.engine.wake_up)
 
     def version(self) -> int:
         return self.engine.version

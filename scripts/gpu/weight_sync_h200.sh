@@ -1,0 +1,25 @@
+#!/bin/bash
+# Issue 11, items 3-4, in one device call, after the parts are in ~/vparts and ~/rparts (README.md beside this):
+# which sandbox level a run would get there (carried bubblewrap), benchmarks/gpu_weight_sync.py (CUDA IPC
+# weight sync of the 1.7 B model against the object store and a raw copy, vLLM sleep-mode memory, the
+# PolicyServer through Ray), then the GPU tests named by GPU_TESTS (pytest -k) if time is left.
+# Usage, in the checkout's root there: bash scripts/gpu/weight_sync_h200.sh VLLM_SHA256 RAY_SHA256
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+t0=$SECONDS
+source .gpu/vllm_assemble.sh "$1" || exit 1
+source scripts/gpu/assemble.sh "$2" || exit 1
+echo "[assembled in $((SECONDS - t0)) s]"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+timeout 15 python3 -m whale_ray.cli doctor > "$OUT/doctor.txt" 2>&1
+if python3 -c "from whale_ray.sandbox.isolation import bwrap_launcher; bwrap_launcher()" > "$OUT/bwrap.txt" 2>&1
+then echo "sandbox: carried bwrap works here (isolation auto)"; else echo "sandbox: bwrap fails here: $(tail -2 "$OUT/bwrap.txt")"; fi
+timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/gpu_weight_sync.py --tokenizer .gpu/policy --dir /tmp/qwen3-1.7b \
+  ${BENCH_ARGS:-} 2>&1 | grep -v -E "^\(.*pid=|WARNING|INFO" | tee "$OUT/sync.txt"
+rc=$?
+if [ -n "${GPU_TESTS:-}" ]; then
+  WHALE_GPU_POLICY=.gpu/policy timeout ${TEST_TIMEOUT:-90} python3 -m pytest -q -s -p no:cacheprovider \
+    tests/test_vllm_gpu.py -k "$GPU_TESTS" 2>&1 | grep -E "passed|failed|error|sleep level|Error|assert" | tail -20 | tee "$OUT/tests.txt"
+fi
+echo "[total $((SECONDS - t0)) s]"
+exit $rc
