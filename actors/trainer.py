@@ -13,13 +13,14 @@ actor; `train_loop_per_worker` builds an `RSFTLearner` on every worker (DDP thro
 Every rank answers every command, so a call returns only when all ranks are done. For a step, every rank
 gets the same object ref of the full example list and takes its own shard (see `RSFTLearner`); rank 0
 sends the new weights, which the Trainer serves from `latest_weights()`:
-- training on CPU (or `weight.weight_sync: object_store`): rank 0 puts the state dict in the object store and
-  the Trainer materialises it at once (so the weights outlive the worker that made them);
-- training on a GPU: rank 0 snapshots its parameters into GPU buckets and sends their CUDA IPC handles
-  (`whale_ray.policy.weight_sync.SharedWeights`); a PolicyServer on the same host copies them straight into
-  its engine, one that cannot see that GPU fetches them through the object store once (`host_weights`). The
-  handles are only good while the Ray Train run lives: when it ends (released, failed) the Trainer forgets
-  them, and a `latest_weights` after that starts a new run from the last saved state (that same version).
+- by default, and always when training on CPU: rank 0 puts the state dict in the object store and the
+  Trainer materialises it at once (so the weights outlive the worker that made them);
+- `weight.weight_sync: cuda_ipc`, training on a GPU: rank 0 snapshots its parameters into GPU buckets and
+  sends their CUDA IPC handles (`whale_ray.policy.weight_sync.SharedWeights`); a PolicyServer on the same
+  host copies them straight into its engine, one that cannot see that GPU fetches them through the object
+  store once (`host_weights`). The handles are only good while the Ray Train run lives: when it ends
+  (released, failed) the Trainer forgets them, and a `latest_weights` after that starts a new run from the
+  last saved state (that same version).
 
 `release_workers()` saves the full state (model + optimizer) under `checkpoint_dir/live`, ends the fit
 and frees the workers' CPUs/GPUs (e.g. for the harness phase); the next call restarts from that state.
@@ -312,7 +313,7 @@ class Trainer:
         self._torch_config = TorchConfig(backend="nccl" if w.use_gpu else "gloo")
         self._trainer_cfg = {"model_path": str(Path(model_path).resolve()),
                              "learner": _learner_kwargs(cfg, seed, max_len),
-                             "weight_sync": "cuda_ipc" if w.use_gpu and w.weight_sync == "auto" else "object_store",
+                             "weight_sync": "cuda_ipc" if w.use_gpu and w.weight_sync == "cuda_ipc" else "object_store",
                              "empty_cache": empty_cache_after_step}
         self._session: _Session | None = None
         self._resume: str | None = None  # where a new session starts from (None: model_path)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import subprocess
 import sys
 import time
@@ -49,6 +50,7 @@ class FakeTrainerWorker:
     def __init__(self, model: str):
         from safetensors.torch import load_file
 
+        dump_stacks_now_and_then()
         files = sorted(Path(model).glob("*.safetensors"))
         self.state = {k: v.to("cuda", torch.float32) for f in files for k, v in load_file(str(f)).items()}
         self.buckets: list = []
@@ -105,12 +107,13 @@ class Middle:
 
 
 def in_actor_reload(actor_self, repeats: int) -> list[float]:
-    """The engine's reload from a bf16 state dict already on the server's GPU (no transport)."""
+    """The engine's reload from a float32 state dict already on the server's GPU (what IPC hands it, without
+    the transport)."""
     from safetensors.torch import load_file
 
     eng = actor_self._service.engine
     files = sorted(Path(eng.model_path).glob("*.safetensors"))
-    state = {k: v.cuda() for f in files for k, v in load_file(str(f)).items()}
+    state = {k: v.to("cuda", torch.float32) for f in files for k, v in load_file(str(f)).items()}
     out = []
     for i in range(repeats):
         torch.cuda.synchronize()
@@ -132,6 +135,13 @@ def in_actor_batch(actor_self, reqs) -> tuple[int, float]:
     return sum(len(o.completion_ids) for o in outs), time.perf_counter() - t0
 
 
+def dump_stacks_now_and_then(_=None, every_s: float = 40.0) -> None:
+    """Every thread's stack to stderr (the Ray worker's .err log) every `every_s`: where a hung call waits."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(every_s, repeat=True)
+
+
 def timed(fn) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = fn()
@@ -146,6 +156,7 @@ def section(name: str, fn, results: dict) -> None:
     except Exception as e:  # one part failing still leaves the others' numbers
         results.setdefault("failed", []).append(f"{name}: {type(e).__name__}: {str(e)[:400]}")
         print(f"[{name} FAILED: {type(e).__name__}: {e}]", flush=True)
+    print("RESULTS", json.dumps(results), flush=True)  # kept if a later part runs out of time
 
 
 def main() -> None:
@@ -155,6 +166,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", default="64,256")
     ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--sleep-level", type=int, default=2, help="the server's vLLM sleep mode (0: off)")
+    ap.add_argument("--call-timeout", type=float, default=60.0, help="seconds any one call may take")
     a = ap.parse_args()
     from actors.policy_server import PolicyServer
     from whale_ray.policy import GenerationRequest
@@ -170,60 +183,73 @@ def main() -> None:
     middle = Middle.remote()
     nbytes = ray.get(worker.nbytes.remote())  # its memory is taken before vLLM profiles the GPU's
     server = PolicyServer.options(num_gpus=0.5, num_cpus=1).remote(
-        model, engine="vllm", max_batch=256, dtype="bfloat16", gpu_memory_utilization=0.35, sleep_level=2)
+        model, engine="vllm", max_batch=256, dtype="bfloat16", gpu_memory_utilization=0.35,
+        sleep_level=a.sleep_level)
     ray.get(server.version.remote())
+    ray.get(server.__ray_call__.remote(dump_stacks_now_and_then))
+    real_get = ray.get
+
+    def get(refs, what: str = ""):  # every call bounded: a hang fails its part, named, not the whole run
+        t0 = time.perf_counter()
+        out = real_get(refs, timeout=a.call_timeout)
+        if what:
+            print(f"  {what}: {time.perf_counter() - t0:.3f} s", flush=True)
+        return out
+
     print(f"[setup: {time.perf_counter() - t_start:.1f} s; {nbytes / 1e9:.2f} GB of float32 Trainer state; "
           f"GPU used {base_mib} MiB before the actors, {gpu_used_mib()} after]", flush=True)
     v = [0]
 
     def next_version() -> int:
         v[0] += 1
-        ray.get(worker.perturb.remote(v[0]))
+        get(worker.perturb.remote(v[0]))
         return v[0]
 
     def greedy() -> list[list[int]]:
         msgs = [[{"role": "user", "content": f"Say {i} twice."}] for i in range(4)]
-        calls = ray.get([server.generate.remote(m, SamplingParams(temperature=0.0, max_tokens=24)) for m in msgs])
+        calls = get([server.generate.remote(m, SamplingParams(temperature=0.0, max_tokens=24)) for m in msgs])
         return [list(c.completion_ids) for c in calls]
 
     def sync_part():
-        R["raw"] = ray.get(worker.raw_copy.remote())
+        R["raw"] = get(worker.raw_copy.remote(), "raw copy")
         ipc, snap, store, fb = [], [], [], []
         for _ in range(a.repeats):
             n = next_version()
-            s, got = timed(lambda: ray.get(server.load_weights.remote(worker.share.remote(n), n)))
+            s, got = timed(lambda: get(server.load_weights.remote(worker.share.remote(n), n), f"ipc load v{n}"))
             assert got == n, (got, n)
             ipc.append(s)
-            snap.append(ray.get(worker.last_snapshot_s.remote()))
+            snap.append(get(worker.last_snapshot_s.remote()))
         R["ipc"], R["snapshot"] = ipc, snap
         out_ipc = greedy()
         n = v[0]  # the same version through the object store: the same greedy tokens
-        s, _ = timed(lambda: ray.get(server.load_weights.remote(middle.hold.remote(worker.cpu_state.remote()), n)))
+        s, _ = timed(lambda: get(server.load_weights.remote(middle.hold.remote(worker.cpu_state.remote()), n)))
         store.append(s)
         R["same_tokens"] = greedy() == out_ipc
         for _ in range(1):
             n = next_version()
-            s, _ = timed(lambda: ray.get(server.load_weights.remote(
+            s, _ = timed(lambda: get(server.load_weights.remote(
                 worker.share.remote(n, uuid="GPU-not-here", fallback=worker), n)))
             fb.append(s)
         n = next_version()
-        s, _ = timed(lambda: ray.get(server.load_weights.remote(middle.hold.remote(worker.cpu_state.remote()), n)))
+        s, _ = timed(lambda: get(server.load_weights.remote(middle.hold.remote(worker.cpu_state.remote()), n)))
         store.append(s)
         R["store"], R["fallback"] = store, fb
-        R["reload"] = ray.get(server.__ray_call__.remote(in_actor_reload, a.repeats))
+        R["reload"] = get(server.__ray_call__.remote(in_actor_reload, a.repeats))
 
     def sleep_part():
+        if a.sleep_level == 0:
+            raise RuntimeError("the server runs without sleep mode (--sleep-level 0)")
         n = v[0]
         for level in (1, 2):
-            ray.get(server.__ray_call__.remote(set_level, level))
+            get(server.__ray_call__.remote(set_level, level))
             awake = gpu_used_mib()
-            s_sleep, _ = timed(lambda: ray.get(server.sleep.remote()))
+            s_sleep, _ = timed(lambda: get(server.sleep.remote()))
             asleep = gpu_used_mib()
             if level == 1:
-                s_wake, _ = timed(lambda: ray.get(server.wake_up.remote()))
+                s_wake, _ = timed(lambda: get(server.wake_up.remote()))
             else:  # level 2 wakes by new weights (the weight phase's step), by IPC
                 n = next_version()
-                s_wake, _ = timed(lambda: ray.get(server.load_weights.remote(worker.share.remote(n), n)))
+                s_wake, _ = timed(lambda: get(server.load_weights.remote(worker.share.remote(n), n)))
             R[f"sleep{level}"] = dict(awake=awake, asleep=asleep, woken=gpu_used_mib(), sleep_s=s_sleep, wake_s=s_wake)
         R["after_sleep_tokens"] = len(greedy()[0])
 
@@ -236,9 +262,9 @@ def main() -> None:
 
         for b in map(int, a.batches.split(",")):
             for _ in range(2):  # warm-up, then timed, per path
-                t_ray, calls = timed(lambda: ray.get([server.generate.remote(m, sp) for m in reqs(b)]))
+                t_ray, calls = timed(lambda: get([server.generate.remote(m, sp) for m in reqs(b)]))
                 local = [GenerationRequest(m, sp) for m in reqs(b)]
-                tok_local, t_local = ray.get(server.__ray_call__.remote(in_actor_batch, local))
+                tok_local, t_local = get(server.__ray_call__.remote(in_actor_batch, local))
             R[f"ray{b}"] = (sum(len(c.completion_ids) for c in calls) / t_ray, tok_local / t_local)
 
     section("weight sync", sync_part, R)
@@ -256,7 +282,7 @@ def report(R: dict, nbytes: int) -> None:
         print("| path | seconds (each call) | best | best / raw copy |")
         print("|---|---|---|---|")
         for key, name in (("ipc", "CUDA IPC buckets (new)"), ("store", "object store, 3 copies (old CPU path)"),
-                          ("fallback", "IPC fallback: object store once"), ("reload", "vLLM reload alone, bf16 on its GPU"),
+                          ("fallback", "IPC fallback: object store once"), ("reload", "vLLM reload alone, fp32 on its GPU"),
                           ("snapshot", "  of ipc: the worker's snapshot copy")):
             if key in R:
                 xs = R[key]

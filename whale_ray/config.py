@@ -94,10 +94,12 @@ class WeightPhaseConfig(_Strict):
     checkpoint_every: int = Field(1, gt=0)
     # Free the Ray Train workers' CPUs/GPUs for the harness phase; None: when they use GPUs.
     release_workers: Optional[bool] = None
-    # How new weights reach the PolicyServer. auto: by CUDA IPC handles when training on a GPU (a server on
-    # the same host copies them GPU to GPU; one on another host fetches them through the object store once),
-    # else through the object store. object_store: always through the object store.
-    weight_sync: Literal["auto", "object_store"] = "auto"
+    # How new weights reach the PolicyServer. object_store: a CPU state dict through the object store.
+    # cuda_ipc (when training on a GPU; CPU training keeps the object store): CUDA IPC handles of the Trainer's
+    # GPU buckets, copied GPU to GPU by a server on the same host; one on another host fetches them through the
+    # object store once. Opt-in: its one run through Ray actors on the H200 (2026-12-01) hung before a first
+    # load finished, while the same handles opened by a plain second process read exact weights.
+    weight_sync: Literal["object_store", "cuda_ipc"] = "object_store"
 
     @property
     def release_workers_after_phase(self) -> bool:

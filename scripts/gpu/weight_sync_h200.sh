@@ -2,7 +2,8 @@
 # Issue 11, items 3-4, in one device call, after the parts are in ~/vparts and ~/rparts (README.md beside this):
 # which sandbox level a run would get there (carried bubblewrap), benchmarks/gpu_weight_sync.py (CUDA IPC
 # weight sync of the 1.7 B model against the object store and a raw copy, vLLM sleep-mode memory, the
-# PolicyServer through Ray), then the GPU tests named by GPU_TESTS (pytest -k) if time is left.
+# PolicyServer through Ray), and the GPU tests named by GPU_TESTS (pytest -k): after the benchmark, or before
+# it with TESTS_FIRST=1.
 # Usage, in the checkout's root there: bash scripts/gpu/weight_sync_h200.sh VLLM_SHA256 RAY_SHA256
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -14,12 +15,20 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 timeout 15 python3 -m whale_ray.cli doctor > "$OUT/doctor.txt" 2>&1
 if python3 -c "from whale_ray.sandbox.isolation import bwrap_launcher; bwrap_launcher()" > "$OUT/bwrap.txt" 2>&1
 then echo "sandbox: carried bwrap works here (isolation auto)"; else echo "sandbox: bwrap fails here: $(tail -2 "$OUT/bwrap.txt")"; fi
-timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/gpu_weight_sync.py --tokenizer .gpu/policy --dir /tmp/qwen3-1.7b \
-  ${BENCH_ARGS:-} 2>&1 | grep -v -E "^\(.*pid=|WARNING|INFO" | tee "$OUT/sync.txt"
-rc=$?
-if [ -n "${GPU_TESTS:-}" ]; then
+
+gpu_tests() {
+  [ -n "${GPU_TESTS:-}" ] || return 0
   WHALE_GPU_POLICY=.gpu/policy timeout ${TEST_TIMEOUT:-90} python3 -m pytest -q -s -p no:cacheprovider \
-    tests/test_vllm_gpu.py -k "$GPU_TESTS" 2>&1 | grep -E "passed|failed|error|sleep level|Error|assert" | tail -20 | tee "$OUT/tests.txt"
-fi
+    tests/test_vllm_gpu.py -k "$GPU_TESTS" 2>&1 | grep -E "passed|failed|error|sleep level|IPC load|Error|assert" \
+    | tail -20 | tee -a "$OUT/tests.txt"
+}
+
+[ -n "${TESTS_FIRST:-}" ] && gpu_tests
+timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/gpu_weight_sync.py --tokenizer .gpu/policy --dir /tmp/qwen3-1.7b \
+  ${BENCH_ARGS:-} 2>&1 | grep -v -E "^\(.*pid=|WARNING|INFO|logging\.cc|^    @|^PC: " | tee "$OUT/sync.txt"
+rc=$?
+# the actors' logs (faulthandler dumps every thread's stack there every 40 s while a call hangs)
+tar czf "$OUT/raylogs.tgz" /tmp/ray/session_latest/logs/worker-*.err /tmp/ray/session_latest/logs/worker-*.out 2>/dev/null
+[ -z "${TESTS_FIRST:-}" ] && gpu_tests
 echo "[total $((SECONDS - t0)) s]"
 exit $rc
