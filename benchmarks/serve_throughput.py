@@ -39,7 +39,8 @@ async def closed_loop(call, clients: int, per_client: int) -> dict[str, float]:
     async def client(i: int) -> None:
         for j in range(per_client):
             t0 = time.perf_counter()
-            tokens[0] += await call(i * 1000 + j)
+            n = await call(i * 1000 + j)  # not `tokens[0] += await ...`: that reads tokens[0] before the await,
+            tokens[0] += n  # and concurrent clients then overwrite each other's counts
             latencies.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
