@@ -25,6 +25,18 @@ SMALL = {
 }
 
 
+def nested(dotted: dict) -> dict:
+    """{"a.b": 1} -> {"a": {"b": 1}}: SMALL's dotted keys as a config file's tree."""
+    tree: dict = {}
+    for key, value in dotted.items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return tree
+
+
 def load_harness(folder: Path, source: str | None = None) -> dict:
     """A harness loaded the way the sandbox does (from its source text, in a fresh namespace): `source`, else
     the h0.py of the domain `folder`; in process, for unit tests of its functions."""
@@ -96,12 +108,18 @@ def tiny_policy(embedded_policy) -> str:
 
 
 @pytest.fixture(scope="session")
-def small_study(tmp_path_factory, ray_cluster, tiny_policy) -> Path:
-    """A study root of small real math runs, 2 conditions x 2 seeds (tests/study_runs.py): made once per session
-    for the compare and report tests."""
+def made_study(tmp_path_factory, tiny_policy) -> tuple[Path, Path, str]:
+    """`whale study` of small real math runs, 2 conditions x 2 seeds (tests/study_runs.py), made once per
+    session: (its root, its base config, the launch's output)."""
     from tests.study_runs import make_study
 
     return make_study(tmp_path_factory.mktemp("study"), tiny_policy)
+
+
+@pytest.fixture(scope="session")
+def small_study(made_study) -> Path:
+    """The root of that study, for the compare and report tests."""
+    return made_study[0]
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 token left by an earlier local run turns it on), a checkout shipped with `--working-dir .`, a short study
 submitted through the real `ray job submit` CLI and through the real JobSubmissionClient; a job stopped
 mid-run (the client's stop_job, the REST call `ray job stop` makes) and resubmitted finishes with the planned
-ledger (tests/run_truth.py), equal to the uninterrupted run's. The run directory and the policy cache live
+ledger (tests/run_truth.py), equal to the uninterrupted run's, while `whale serve --ray-address` (its CLI)
+follows it on the same cluster. The run directory and the policy cache live
 under `storage:`. Also the bad input of item 4: an address where nothing listens and a
 role no node can hold are one-line errors (exit 2), not hangs.
 
@@ -28,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SMALL, build_test_policy
+from tests.conftest import SMALL, build_test_policy, nested
 from tests.run_truth import check_ledger, guessing_math_harness
 from whale_ray.config import load_config
 from whale_ray.domain import get_domain
@@ -62,17 +63,6 @@ def checkout_copy(dest: Path) -> Path:
     return dest
 
 
-def nested(dotted: dict) -> dict:
-    tree: dict = {}
-    for key, value in dotted.items():
-        *parents, leaf = key.split(".")
-        node = tree
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return tree
-
-
 class Head:
     """`ray start --head --block` in its own session; stop() ends exactly the processes it started."""
 
@@ -91,13 +81,14 @@ class Head:
                                          start_new_session=True)
 
     def stop(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 return
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
+                self.proc.poll()  # reaps the group's leader: as a zombie, pgrep would find it until the wait ran out
                 if subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True).returncode != 0:
                     self.proc.wait(timeout=10)
                     return
@@ -121,7 +112,11 @@ def cluster(pytestconfig):
     (checkout / "guessing_h0.py").write_text(guessing_math_harness(get_domain("math_reasoning").h0_path.read_text()))
     study = nested({**SMALL, "policy.warmstart_steps": 60, "harness": "guessing_h0.py"})  # 60: the test policy
     (checkout / "study.yaml").write_text(yaml.safe_dump({**study, "storage": str(storage), "run_dir": "study"}))
-    (checkout / "again.yaml").write_text(yaml.safe_dump({**study, "storage": str(storage), "run_dir": "again"}))
+    # the resubmitted one is followed by `whale serve` (the serve: section is no part of a run's identity): a
+    # small replica, and an autoscaling target of 1 request per replica that its three clients exceed within 5 s
+    serve = {"replica_cpus": 0.25, "max_concurrent": 2, "upscale_delay_s": 5}
+    (checkout / "again.yaml").write_text(yaml.safe_dump({**study, "storage": str(storage), "run_dir": "again",
+                                                         "serve": serve}))
     head = Head(root, env)
     try:
         wait_ready(head, env)
@@ -202,37 +197,6 @@ def test_ray_job_submit_runs_a_study(cluster, uninterrupted):
     assert status.returncode == 0 and "finished (2/2 cycles)" in status.stdout, status.stdout + status.stderr
 
 
-def test_job_stop_and_resubmit_resume(cluster, uninterrupted):
-    c = cluster
-    jobs = client(c["head"], c["env"])
-    entry = ENTRYPOINT.format("again.yaml")
-    run_dir = c["storage"] / "again"
-    first = jobs.submit_job(entrypoint=entry, runtime_env={"working_dir": str(c["checkout"])})
-    deadline = time.monotonic() + JOB_S
-    # cut once cycle 1's first weight step is on record. Stopped through the client: the `ray job stop` CLI
-    # makes the same REST call, but on a loaded 2-core machine it takes 20-60 s just to start, and in two runs
-    # its stop landed after the run had finished.
-    while not ((run_dir / "state.json").is_file() and state(run_dir)["ledger"]["weight_rollouts"]):
-        assert time.monotonic() < deadline and jobs.get_job_status(first).value in ("PENDING", "RUNNING"), jobs.get_job_logs(first)
-        time.sleep(1)
-    assert jobs.stop_job(first)
-    assert wait_job(jobs, first, timeout=300) == "STOPPED"
-    cut = state(run_dir)
-    assert not cut["finished"]
-    second = jobs.submit_job(entrypoint=entry, runtime_env={"working_dir": str(c["checkout"])})
-    assert wait_job(jobs, second, timeout=JOB_S) == "SUCCEEDED", jobs.get_job_logs(second)[-4000:]
-    done, reference = state(run_dir), state(uninterrupted[0])
-    assert done["finished"] and done["phases_done"][:len(cut["phases_done"])] == cut["phases_done"]
-    # the ledger is the planned one: every unit once, nothing lost or counted twice (tests/run_truth.py)
-    check_ledger(load_config(run_dir / "config.yaml"), run_dir, done)
-    # and the same as the uninterrupted run's of the same config and seed
-    counts = ("weight_rollouts", "harness_rollouts", "eval_rollouts", "weight_steps", "harness_iterations",
-              "candidates_proposed", "candidates_invalid")  # the ledger less its wall times
-    assert {k: done["ledger"][k] for k in counts} == {k: reference["ledger"][k] for k in counts}
-    assert done["phases_done"] == reference["phases_done"] and done["weight_version"] == reference["weight_version"]
-    assert [r["best"] for r in done["history"]] == [r["best"] for r in reference["history"]]
-
-
 # ------------------------------------------------------------------------------------------- whale serve
 def serve_apps(c: dict) -> dict:
     """The cluster's Serve applications, from the dashboard's REST API (what `serve status` reads)."""
@@ -245,92 +209,138 @@ def serve_apps(c: dict) -> dict:
         return json.loads(r.read()).get("applications") or {}
 
 
-def running_replicas(c: dict) -> int:
-    app = serve_apps(c).get("whale") or {}
-    deployment = (app.get("deployments") or {}).get("WhaleEndpoint") or {}
-    return sum(r.get("state") == "RUNNING" for r in deployment.get("replicas") or [])
+class LiveEndpoint:
+    """`whale serve --run-dir --ray-address` started through the CLI, as a user starts it, with autoscaling
+    bounds, and three `openai` clients asking it in a loop; records (time, client, version, fingerprint) and the
+    most replicas seen running."""
+
+    ARGS = ("--min-replicas", "1", "--max-replicas", "2")
+
+    def __init__(self, c: dict, run_dir: Path):
+        import openai
+
+        (port,) = free_ports(1)
+        self.c, self.log, self.url = c, c["root"] / "whale-serve.log", f"http://127.0.0.1:{port}/v1"
+        self.command = ["whale", "serve", "--run-dir", str(run_dir), "--ray-address", c["head"].gcs_address,
+                        "--port", str(port), *self.ARGS]
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "whale_ray.cli", *self.command[1:]],
+                                         cwd=c["checkout"], env=c["env"], stdout=out, stderr=subprocess.STDOUT)
+        self.seen: list[tuple[float, int, int, str]] = []
+        self.replicas, self._stop = 0, threading.Event()
+
+        def ask(i: int) -> None:
+            api = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=120)
+            while not self._stop.is_set():
+                try:
+                    r = api.chat.completions.with_raw_response.create(
+                        model="whale-latest", messages=[{"role": "user", "content": "What is 2 + 3?"}], max_tokens=8)
+                except openai.RateLimitError as e:  # the replica is full: 429 with Retry-After, as promised
+                    assert e.response.headers.get("retry-after"), e
+                    time.sleep(0.2)
+                    continue
+                except openai.APIConnectionError:  # not up yet
+                    time.sleep(0.5)
+                    continue
+                body = r.parse()
+                self.seen.append((time.monotonic(), i, int(r.headers["x-whale-weight-version"]),
+                                  body.system_fingerprint))
+        self.clients = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(3)]
+        for t in self.clients:
+            t.start()
+
+    def check(self) -> None:
+        """The endpoint is up; counts its running replicas."""
+        assert self.proc.poll() is None, self.log.read_text()[-3000:]
+        deployment = ((serve_apps(self.c).get("whale") or {}).get("deployments") or {}).get("WhaleEndpoint") or {}
+        self.replicas = max(self.replicas, sum(r.get("state") == "RUNNING" for r in deployment.get("replicas") or []))
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM, as a pod or service manager stops it; its exit code and log."""
+        self._stop.set()
+        for t in self.clients:
+            t.join(timeout=180)
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=120), self.log.read_text()
+
+    def transcript(self, text: str) -> list[str]:
+        """whale serve's own lines, then each client's version changes."""
+        lines = ["$ " + " ".join(self.command), *[ln for ln in text.splitlines() if ln.strip() and "pid=" not in ln],
+                 "# t_s client weight_version system_fingerprint"]
+        t0, last = self.seen[0][0], {}
+        for t, i, v, fp in self.seen:
+            if v != last.get(i):
+                lines.append(f"{t - t0:8.1f} s  client {i}  v{v}  {fp}")
+            last[i] = v
+        return lines
 
 
-def test_whale_serve_follows_a_training_job(cluster):
-    """`whale serve --run-dir --ray-address` (the CLI, as a user starts it) beside a job that trains on the same
-    cluster, with autoscaling bounds: six `openai` clients see the weight version rise to the job's last one,
-    never go down, each reply labelled with its weights; the load scales the endpoint to its second replica;
-    SIGTERM takes the app down and leaves Serve to the cluster. The transcript is kept beside the job's."""
-    import openai
-
+def test_job_stop_and_resubmit_resume_under_a_live_endpoint(cluster, uninterrupted):
+    """A job stopped mid-run and resubmitted finishes as the uninterrupted run did, while `whale serve` follows
+    its run directory on the same cluster the whole time: the clients see θ0 first and the job's last weights at
+    the end, the version never goes down across the stop and the resubmission, every reply names its weights,
+    the load scales the endpoint to its second replica, and SIGTERM takes the app down. The transcript is kept
+    beside the job's."""
     c = cluster
-    run_dir = c["storage"] / "served"
-    conf = {**yaml.safe_load((c["checkout"] / "study.yaml").read_text()), "run_dir": "served",
-            "serve": {"replica_cpus": 0.25, "max_concurrent": 4, "upscale_delay_s": 5}}  # target: 2 per replica
-    (c["checkout"] / "served.yaml").write_text(yaml.safe_dump(conf))
     jobs = client(c["head"], c["env"])
-    job = jobs.submit_job(entrypoint=ENTRYPOINT.format("served.yaml"), runtime_env={"working_dir": str(c["checkout"])})
+    entry = ENTRYPOINT.format("again.yaml")
+    run_dir = c["storage"] / "again"
+    first = jobs.submit_job(entrypoint=entry, runtime_env={"working_dir": str(c["checkout"])})
     deadline = time.monotonic() + JOB_S
+
+    def running(job: str) -> None:
+        assert time.monotonic() < deadline and jobs.get_job_status(job).value in ("PENDING", "RUNNING"), \
+            jobs.get_job_logs(job)[-4000:]
+
     while not (run_dir / "config.yaml").is_file():  # `whale serve --run-dir` needs the run on record
-        assert time.monotonic() < deadline and jobs.get_job_status(job).value in ("PENDING", "RUNNING"), jobs.get_job_logs(job)
+        running(first)
         time.sleep(0.5)
-    (port,) = free_ports(1)
-    log = c["root"] / "whale-serve.log"
-    with open(log, "w") as out:
-        server = subprocess.Popen([sys.executable, "-m", "whale_ray.cli", "serve", "--run-dir", str(run_dir),
-                                   "--ray-address", c["head"].gcs_address, "--port", str(port),
-                                   "--min-replicas", "1", "--max-replicas", "2"],
-                                  cwd=c["checkout"], env=c["env"], stdout=out, stderr=subprocess.STDOUT)
-    url, seen, replicas, stop = f"http://127.0.0.1:{port}/v1", [], [0], threading.Event()
-
-    def ask(i: int) -> None:
-        api = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
-        while not stop.is_set():
-            try:
-                r = api.chat.completions.with_raw_response.create(
-                    model="whale-latest", messages=[{"role": "user", "content": "What is 2 + 3?"}], max_tokens=8)
-            except openai.RateLimitError as e:  # the replica is full: 429 with Retry-After, as promised
-                assert e.response.headers.get("retry-after"), e
-                time.sleep(0.2)
-                continue
-            except openai.APIConnectionError:  # not up yet
-                time.sleep(0.5)
-                continue
-            body = r.parse()
-            seen.append((time.monotonic(), i, int(r.headers["x-whale-weight-version"]), body.system_fingerprint))
-
-    clients = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(6)]
-    for t in clients:
-        t.start()
+    endpoint = LiveEndpoint(c, run_dir)
     try:
-        while jobs.get_job_status(job).value in ("PENDING", "RUNNING"):
-            assert server.poll() is None, log.read_text()[-3000:]
-            replicas[0] = max(replicas[0], running_replicas(c))
-            assert time.monotonic() < deadline
+        # cut once cycle 1's first weight step is on record. Stopped through the client: the `ray job stop` CLI
+        # makes the same REST call, but on a loaded 2-core machine it takes 20-60 s just to start, and in two
+        # runs its stop landed after the run had finished.
+        while not ((run_dir / "state.json").is_file() and state(run_dir)["ledger"]["weight_rollouts"]):
+            running(first)
+            time.sleep(1)
+        assert jobs.stop_job(first)
+        assert wait_job(jobs, first, timeout=300) == "STOPPED"
+        cut = state(run_dir)
+        assert not cut["finished"]
+        second = jobs.submit_job(entrypoint=entry, runtime_env={"working_dir": str(c["checkout"])})
+        while jobs.get_job_status(second).value in ("PENDING", "RUNNING"):
+            running(second)
+            endpoint.check()
             time.sleep(2)
-        assert jobs.get_job_status(job).value == "SUCCEEDED", jobs.get_job_logs(job)[-4000:]
+        assert jobs.get_job_status(second).value == "SUCCEEDED", jobs.get_job_logs(second)[-4000:]
         final = state(run_dir)["weight_version"]
-        while not seen or seen[-1][2] < final:  # the last checkpoint reaches the endpoint within a poll or two
-            assert time.monotonic() < deadline and server.poll() is None, log.read_text()[-3000:]
-            replicas[0] = max(replicas[0], running_replicas(c))
+        while not endpoint.seen or endpoint.seen[-1][2] < final:  # the last checkpoint lands within a poll or two
+            assert time.monotonic() < deadline
+            endpoint.check()
             time.sleep(0.5)
     finally:
-        stop.set()
-        for t in clients:
-            t.join(timeout=180)
-        server.send_signal(signal.SIGTERM)
-        code = server.wait(timeout=120)
-    text = log.read_text()
-    transcript = [f"$ whale serve --run-dir {run_dir} --ray-address {c['head'].gcs_address} --port {port} "
-                  "--min-replicas 1 --max-replicas 2",
-                  *[line for line in text.splitlines() if line.strip() and "pid=" not in line],  # its own lines
-                  "# t_s client weight_version system_fingerprint"]
-    t0, last = seen[0][0], {}
-    for t, i, v, fp in seen:
+        code, text = endpoint.stop()
+    (c["root"].parent / f"{c['root'].name}-whale-serve.txt").write_text("\n".join(endpoint.transcript(text)) + "\n")
+
+    done, reference = state(run_dir), state(uninterrupted[0])
+    assert done["finished"] and done["phases_done"][:len(cut["phases_done"])] == cut["phases_done"]
+    # the ledger is the planned one: every unit once, nothing lost or counted twice (tests/run_truth.py)
+    check_ledger(load_config(run_dir / "config.yaml"), run_dir, done)
+    # and the same as the uninterrupted run's of the same config and seed
+    counts = ("weight_rollouts", "harness_rollouts", "eval_rollouts", "weight_steps", "harness_iterations",
+              "candidates_proposed", "candidates_invalid")  # the ledger less its wall times
+    assert {k: done["ledger"][k] for k in counts} == {k: reference["ledger"][k] for k in counts}
+    assert done["phases_done"] == reference["phases_done"] and done["weight_version"] == reference["weight_version"]
+    assert [r["best"] for r in done["history"]] == [r["best"] for r in reference["history"]]
+
+    last: dict[int, int] = {}
+    for _, i, v, fp in endpoint.seen:
         assert fp == f"whale-v{v}"  # every reply names the weights it came from
         assert v >= last.get(i, 0), (i, v, last)  # and no client ever sees the version go down
-        if v != last.get(i):
-            transcript.append(f"{t - t0:8.1f} s  client {i}  v{v}  {fp}")
         last[i] = v
-    (c["root"].parent / f"{c['root'].name}-whale-serve.txt").write_text("\n".join(transcript) + "\n")
-    assert final > 0 and {v for _, _, v, _ in seen} >= {0, final}  # θ0 first, the job's last weights at the end
-    assert len({v for _, _, v, _ in seen}) >= 3, "the clients saw no version between θ0 and the last"
-    assert replicas[0] == 2, f"the endpoint never scaled past {replicas[0]} replica(s)"
+    versions = {v for _, _, v, _ in endpoint.seen}
+    assert final > 0 and versions >= {0, final} and len(versions) >= 3, versions  # θ0, the steps, the last
+    assert endpoint.replicas == 2, f"the endpoint never scaled past {endpoint.replicas} replica(s)"
     assert code == 0 and "the endpoint is down" in text, text[-3000:]
     assert "whale" not in serve_apps(c)  # the app is gone (and Serve with it: this `whale serve` started it)
 

@@ -78,29 +78,33 @@ def test_resume_after_kills_inside_and_between_phases(tmp_path, tiny_policy):
     env = {**os.environ, "RAY_ADDRESS": ""}
     env.pop("RAY_ADDRESS")
 
-    # the same study, same seed, never interrupted
+    # the same study, same seed, never interrupted: side by side with the killed one (the runs share nothing
+    # but the machine, and the kill points are read from the killed run's own state)
     reference_dir = tmp_path / "reference"
-    assert launch(config, reference_dir, env).wait() == 0
-    reference = state(reference_dir)
+    reference_run = launch(config, reference_dir, env)
 
-    def phase(s):
-        return s.get("phase") or {}
+    try:
+        def phase(s):
+            return s.get("phase") or {}
 
-    kill_points = [
-        # inside the first weight phase, after one step
-        lambda s: phase(s).get("kind") == "weight" and phase(s).get("units_done", 0) >= 1 and not phase(s)["done"],
-        # inside the first harness phase, after its first iteration
-        lambda s: phase(s).get("kind") == "harness" and phase(s).get("units_done", 0) >= 1 and not phase(s)["done"],
-        # between phases: the harness phase is finished, the cycle's selection on D_val is not
-        lambda s: phase(s).get("kind") == "harness" and phase(s).get("done"),
-    ]
-    run_dir = tmp_path / "run"
-    seen = []
-    for point in kill_points:
-        seen.append(kill_when(launch(config, run_dir, env), run_dir, point))
-    final = launch(config, run_dir, env)
-    assert final.wait() == 0
-    s = state(run_dir)
+        # (a kill inside a harness iteration, proposer session included, is tests/test_llm_proposer.py's resume
+        # test; kills at 5/30/60/90% of the loop are tests/test_loop.py's)
+        kill_points = [
+            # inside the first weight phase, after one step: the Trainer's state comes back from its checkpoint
+            lambda s: phase(s).get("kind") == "weight" and phase(s).get("units_done", 0) >= 1 and not phase(s)["done"],
+            # between phases: the harness phase is finished, the cycle's selection on D_val is not
+            lambda s: phase(s).get("kind") == "harness" and phase(s).get("done"),
+        ]
+        run_dir = tmp_path / "run"
+        seen = []
+        for point in kill_points:
+            seen.append(kill_when(launch(config, run_dir, env), run_dir, point))
+        final = launch(config, run_dir, env)
+        assert final.wait() == 0 and reference_run.wait() == 0
+    finally:  # a failed check leaves no run behind
+        if reference_run.poll() is None:
+            os.killpg(reference_run.pid, signal.SIGKILL)
+    s, reference = state(run_dir), state(reference_dir)
 
     assert s["finished"] and [row["cycle"] for row in s["history"]] == [0, 1, 2]
     assert [p.rsplit(":", 1)[0] for p in s["phases_done"]] == ["1:weight", "1:harness", "2:weight", "2:harness"]

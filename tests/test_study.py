@@ -1,17 +1,15 @@
-"""`whale study`: bad input is one line before anything starts; a real two-pair study runs both pairs on one
-budget side by side, each in its own run directory, and a relaunch reruns neither."""
+"""`whale study`: bad input is one line before anything starts; a real study (2 conditions x 2 seeds,
+tests/study_runs.py) runs the pairs on one budget side by side, each in its own run directory, and a relaunch
+reruns none."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from tests.conftest import SMALL
-from tests.test_sweep import check_placed, nested, spans, starts
+from tests.study_runs import CONDITIONS, SEEDS, E, run_study
+from tests.test_sweep import check_placed, spans, starts
 from whale_ray.config import load_recorded_config
 from whale_ray.run_state import RunState
 
@@ -42,26 +40,20 @@ def test_a_config_that_sets_what_the_study_varies_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_study_runs_each_pair_on_one_budget_and_resumes(tmp_path, tiny_policy):
-    config = tmp_path / "base.yaml"
-    config.write_text(yaml.safe_dump(nested({**SMALL, "cycles": 1, "policy.model": tiny_policy})))
-    root = tmp_path / "study"
-    argv = [sys.executable, "-m", "whale_ray.cli", "study", "--conditions", "rsft_only,mh_only", "--seeds", "1",
-            "--first-seed", "3", "--E", "0.25", "--config", str(config), "--root", str(root)]
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    first = subprocess.run(argv, capture_output=True, text=True, env=env)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-    pairs = {"rsft_only-s3", "mh_only-s3"}
+def test_study_runs_each_pair_on_one_budget_and_resumes(made_study):
+    root, config, output = made_study  # `whale study` over 2 conditions x 2 seeds (tests/study_runs.py)
+    pairs = {f"{c}-s{s}" for c in CONDITIONS for s in SEEDS}
     assert {d.name for d in root.iterdir() if (d / "state.json").is_file()} == pairs
     for name in pairs:
         run = root / name
         cfg = load_recorded_config(run / "config.yaml")
-        assert (cfg.condition, cfg.seed, cfg.E, cfg.I, cfg.cycles) == (name.split("-")[0], 3, 0.25, SMALL["I"], 1)
+        assert (cfg.condition, f"s{cfg.seed}", cfg.E, cfg.I, cfg.cycles) == (*name.split("-"), E, SMALL["I"], 1)
         assert RunState.load(run).finished and starts(run) == 1 and check_placed(run)
-        assert str(run) in first.stdout  # where each pair is
-    (a,), (b,) = (spans(root / n) for n in sorted(pairs))
-    assert a[0] < b[1] and b[0] < a[1], (a, b)  # side by side
+        assert str(run) in output  # where each pair is
+    ended = [span for name in sorted(pairs) for span in spans(root / name)]
+    assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(ended) for b in ended[i + 1:]), ended  # side by side
+    assert (root / "compare" / "compare.md").is_file()  # and the comparison at the end
 
-    again = subprocess.run(argv, capture_output=True, text=True, env=env)
+    again = run_study(root, config)
     assert again.returncode == 0, again.stdout[-3000:]
     assert all(starts(root / n) == 1 for n in pairs)  # finished pairs are not started again

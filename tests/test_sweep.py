@@ -16,20 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SMALL
+from tests.conftest import SMALL, nested
 from tests.run_truth import guessing_math_harness
 from whale_ray.config import ConfigError, load_config
 from whale_ray.run_state import RunState
 from whale_ray.sweep import load_sweep, parse_sweep
 from whale_ray.sweep.trial import launches
-
-
-def nested(flat: dict) -> dict:
-    tree: dict = {}
-    for key, value in flat.items():
-        section, _, leaf = key.rpartition(".")
-        (tree.setdefault(section, {}) if section else tree)[leaf] = value
-    return tree
 
 
 @pytest.mark.parametrize("tree, message", [
