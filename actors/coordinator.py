@@ -1,7 +1,9 @@
 """Coordinator: starts the run's long-lived actors and hosts the WHALE loop (whale_ray.loop) over them.
 
 The loop is library code handed its roles; here each role is a Ray actor behind a thin adapter that waits
-for results, except for weights, which travel from the Trainer to the PolicyServer as an object ref.
+for results, except for weights, which travel from the Trainer to the PolicyServer as an object ref. With
+`policy.replicas` > 1 the policy role is every replica at once: each new version is loaded by all of them
+before the loop goes on, and every evaluator sends each model call to the replica it waits on least.
 
 Faults, in two layers (each written to `<run_dir>/events.jsonl`):
 1. absorbed where they happen: the pool redoes the episodes of a lost evaluator or node and replaces it
@@ -55,6 +57,20 @@ class _Remote:
         return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
 
 
+class _Replicas:
+    """The PolicyServer replicas as one policy role: every call goes to all of them and returns when all are
+    done (a new weight version is on every replica before the next rollouts)."""
+
+    def __init__(self, handles: list["ray.actor.ActorHandle"]):
+        self.handles = handles
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            results = ray.get([getattr(h, name).remote(*args, **kwargs) for h in self.handles])
+            return results[0]
+        return call
+
+
 class Coordinator:
     def __init__(self, cfg: WhaleConfig, base_model: str, placement: Placement | None = None):
         """`placement` puts every actor of the run (default: anywhere on the cluster by its role's resources)."""
@@ -84,20 +100,20 @@ class Coordinator:
                 empty_cache_after_step=p.engine == "vllm" and p.sleep_level > 0)
             if checkpoint:
                 ray.get(self.trainer.load_checkpoint.remote(checkpoint))
-        self.policy = PolicyServer.options(**place.options("policy_server", res.policy_server), **restarts).remote(
+        self.policies = [PolicyServer.options(**place.options("policy_server", res.policy_server), **restarts).remote(
             checkpoint or self.base_model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
             version=state.weight_version, device=p.device, dtype=p.dtype, seed=cfg.seed, **p.engine_options(),
-            weights_from=self.trainer, events_dir=str(run.root))
+            weights_from=self.trainer, events_dir=str(run.root)) for _ in range(p.replicas)]
         self.services = self.domain.start_services(cfg, self.splits, place)
         reserve = {}
         if self.trains:  # an elastic pool leaves the Trainer's workers room to start again in the next phase
             for k, v in trainer_bundle(res, cfg.weight.use_gpu).items():
                 reserve[k] = v * cfg.weight.num_workers
-        self.pool = EvaluatorPool(cfg.domain, self.policy, cfg.sandbox, self.services, resources=res.evaluator,
+        self.pool = EvaluatorPool(cfg.domain, self.policies, cfg.sandbox, self.services, resources=res.evaluator,
                                   placement=place, events=self.events, reserve=reserve, poll_s=cfg.faults.poll_s)
         self.proposer = HarnessProposer.options(**place.options("proposer", res.proposer), max_restarts=0).remote(
             cfg.harness_phase.proposer, self.domain.skill_text, cfg.seed, **proposer_options(cfg.harness_phase))
-        roles = Roles(policy=_Remote(self.policy), pool=self.pool, proposer=_Remote(self.proposer),
+        roles = Roles(policy=_Replicas(self.policies), pool=self.pool, proposer=_Remote(self.proposer),
                       trainer=_Remote(self.trainer, by_ref=("latest_weights",)) if self.trainer else None)
         self.loop = WhaleLoop(cfg, roles, run, self.domain, self.splits)
 
@@ -151,7 +167,7 @@ class Coordinator:
                 ray.get(self.trainer.shutdown.remote(), timeout=120)
             except (ray.exceptions.RayError, TimeoutError) as e:  # already dead, or stuck: killed below
                 log.warning("Trainer shutdown: %s", e)
-        for actor in [self.policy, self.proposer, self.trainer, *self.pool.actors, *self.services.values()]:
+        for actor in [*self.policies, self.proposer, self.trainer, *self.pool.actors, *self.services.values()]:
             if isinstance(actor, ray.actor.ActorHandle):
                 ray.kill(actor, no_restart=True)
 

@@ -8,6 +8,8 @@
                         `sandbox.episode_retries` times; a loss with its node is not (nodes may keep leaving)
     every `faults.poll_s` ──► a fixed pool replaces lost evaluators; an elastic one (`evaluators: auto` or
                         {min, max}) adds evaluators on every node with free resources, new nodes included
+    several PolicyServer replicas (policy.replicas) ──► every evaluator is given them all and sends each model
+                        call to the one it has the fewest calls waiting on (actors/sandbox_evaluator.py)
 
 Every episode result names the node it ran on. Events (evaluators lost and added, nodes joining and
 leaving, episodes redone) go to the run's EventLog.
@@ -74,13 +76,14 @@ def free_resources() -> dict[str, dict[str, float]]:
 
 
 class EvaluatorPool:
-    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: SandboxConfig,
-                 services: dict[str, Any] | None = None, *, resources: RoleResources | None = None,
-                 placement: Placement | None = None, events: EventLog | None = None,
+    def __init__(self, domain: str, policy: "ray.actor.ActorHandle | list[ray.actor.ActorHandle]",
+                 sandbox: SandboxConfig, services: dict[str, Any] | None = None, *,
+                 resources: RoleResources | None = None, placement: Placement | None = None, events: EventLog | None = None,
                  reserve: dict[str, float] | None = None, poll_s: float = 1.0):
-        """`services`: the domain's shared trusted services, given to every evaluator; `resources`: one
-        evaluator's (config resources.evaluator); `reserve`: resources an elastic pool leaves free for the
-        run's other roles when it grows (the Trainer's workers, which come and go between phases)."""
+        """`policy`: the PolicyServer, or its replicas; `services`: the domain's shared trusted services, given
+        to every evaluator; `resources`: one evaluator's (config resources.evaluator); `reserve`: resources an
+        elastic pool leaves free for the run's other roles when it grows (the Trainer's workers, which come and
+        go between phases)."""
         self._args = (domain, policy, sandbox, dict(services or {}))
         self._resources = resources or RoleResources(num_cpus=0.25)
         self._placement = placement or Placement()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -71,15 +72,25 @@ class EpisodeRunner:
 
 @ray.remote(max_concurrency=64)
 class SandboxEvaluator:
-    def __init__(self, domain: str, policy: "ray.actor.ActorHandle", sandbox: SandboxConfig,
-                 services: dict[str, Any] | None = None):
+    def __init__(self, domain: str, policy: "ray.actor.ActorHandle | list[ray.actor.ActorHandle]",
+                 sandbox: SandboxConfig, services: dict[str, Any] | None = None):
+        """`policy`: the PolicyServer, or its replicas (policy.replicas), which hold the same weights whenever
+        episodes run: each model call goes to the replica this evaluator has the fewest calls waiting on."""
         cfg = sandbox
+        policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+        waiting, lock = [0] * len(policies), threading.Lock()
 
         def generate(messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
+            with lock:
+                i = waiting.index(min(waiting))
+                waiting[i] += 1
             try:
-                return ray.get(policy.generate.remote(messages, sampling))
+                return ray.get(policies[i].generate.remote(messages, sampling))
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
                 raise PolicyLost(f"the PolicyServer is gone: {type(e).__name__}") from e
+            finally:
+                with lock:
+                    waiting[i] -= 1
 
         self._runner = EpisodeRunner(domain, generate, SandboxLimits.from_config(cfg), cfg.slots, services)
         self._node = ray.get_runtime_context().get_node_id()

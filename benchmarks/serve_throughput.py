@@ -5,8 +5,10 @@
 For 1, 8 and 32 concurrent clients (each sends its requests one after another): requests/s, completion
 tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica, the real `openai.AsyncOpenAI`
 client over loopback HTTP) and through `PolicyService` called in this process, with the same engine settings
-and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint / in-process. Last, 8 streams are read while a new checkpoint lands
-in the followed run directory: the longest gap between two chunks of one stream, with and without the swap.
+and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint /
+in-process. Then the HTTP path alone (GET /health, no engine work) and the ratio it leaves the endpoint on a
+machine whose cores it shares with the engine. Last, 8 streams are read while a new checkpoint lands in the
+followed run directory: the longest gap between two chunks of one stream, with and without the swap.
 Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default.
 """
 
@@ -73,6 +75,20 @@ def endpoint_call(url: str, max_tokens: int):
         r = await ac[0].chat.completions.create(model="whale-latest", messages=MESSAGES, max_tokens=max_tokens,
                                                 temperature=1.0, seed=seed, extra_body={"top_k": 20})
         return r.usage.completion_tokens
+    return call
+
+
+def health_call(url: str):
+    """GET /health: the HTTP path (client, Serve's proxy, the replica's routes) without any engine work."""
+    import httpx2
+
+    ac: list = []
+
+    async def call(seed: int) -> int:
+        if not ac:
+            ac.append(httpx2.AsyncClient(timeout=600))
+        (await ac[0].get(url.removesuffix("/v1") + "/health")).raise_for_status()
+        return 0
     return call
 
 
@@ -170,6 +186,8 @@ def main() -> None:
             state = RunState(weight_version=1, checkpoint="checkpoints/v00001")
             state.save(root)
             return time.perf_counter() - t0
+        floor = max((asyncio.run(closed_loop(health_call(url), levels[-1], 4 * args.requests_per_client))
+                     for _ in range(args.rounds)), key=lambda r: r["req_s"])
         quiet, swapped, prints = stream_gaps(url, land)
     finally:
         undeploy()
@@ -186,6 +204,12 @@ def main() -> None:
         print(f"{c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} {a['p99']:>6.3f} | "
               f"{b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} {b['p99']:>6.3f} | "
               f"{b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}")
+    # The HTTP path and the engine share this machine's cores: a request costs 1/in-process of the engine and at
+    # least 1/floor beside it, so the endpoint reaches at most floor / (floor + in-process) of in-process.
+    a = local[levels[-1]]["req_s"]
+    print(f"the HTTP path alone (GET /health, {levels[-1]} clients, no engine work): {floor['req_s']:.1f} req/s; "
+          f"sharing the cores with it, the endpoint can reach at most {floor['req_s'] / (floor['req_s'] + a):.2f} "
+          f"of in-process at {levels[-1]} clients")
     print(f"longest gap between two chunks of a stream (8 streams, 96 tokens): {quiet:.3f} s quiet, "
           f"{swapped:.3f} s with a checkpoint landing mid-stream ({swapped / quiet:.1f}x); versions seen: "
           f"{', '.join(sorted(p for p in prints if p))}")

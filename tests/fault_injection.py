@@ -68,7 +68,7 @@ def strike(coordinator: Any, fault: Fault) -> None:
         fault.pid = pids[-1]
         os.kill(fault.pid, signal.SIGKILL)
         return
-    handle = {"policy_server": lambda: coordinator.policy, "trainer": lambda: coordinator.trainer,
+    handle = {"policy_server": lambda: coordinator.policies[0], "trainer": lambda: coordinator.trainer,
               "evaluator": lambda: coordinator.pool.actors[0], "proposer": lambda: coordinator.proposer,
               "retriever": lambda: coordinator.services["retriever"]}[fault.target]()
     if fault.how == "sigkill":

@@ -526,7 +526,7 @@ def coordinator_config(run_dir: Path, base_url: str, **over: Any):
 def stop_actors(coordinator) -> None:
     import ray
 
-    for actor in [coordinator.policy, coordinator.proposer, *coordinator.pool.actors]:
+    for actor in [*coordinator.policies, coordinator.proposer, *coordinator.pool.actors]:
         ray.kill(actor)
     gc.collect()
 

@@ -64,6 +64,9 @@ class PolicyConfig(_Strict):
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     warmstart_steps: int = Field(1200, ge=0)
+    # PolicyServer replicas (each with resources.policy_server): every evaluator generates with one of them, and
+    # every new weight version reaches all of them before the next rollouts
+    replicas: int = Field(1, gt=0)
     # vllm only: the share of the GPU's memory vLLM takes (weights, activations, KV cache), so that a Trainer on
     # the same GPU has the rest; the transformers engine allocates as it goes.
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)

@@ -90,8 +90,8 @@ def role_demands(cfg: Any, trains: bool) -> dict[str, tuple[int, dict[str, float
     from whale_ray.domain import get_domain  # the retriever is a service of the search_qa domain
 
     r: ResourcesConfig = cfg.resources
-    out = {"policy_server": (1, r.policy_server.bundle()), "evaluator": (cfg.sandbox.pool_bounds()[0], r.evaluator.bundle()),
-           "proposer": (1, r.proposer.bundle())}
+    out = {"policy_server": (cfg.policy.replicas, r.policy_server.bundle()),
+           "evaluator": (cfg.sandbox.pool_bounds()[0], r.evaluator.bundle()), "proposer": (1, r.proposer.bundle())}
     if trains:
         out["trainer_worker"] = (cfg.weight.num_workers, trainer_bundle(r, cfg.weight.use_gpu))
     if get_domain(cfg.domain).name == "search_qa":

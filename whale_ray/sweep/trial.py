@@ -104,7 +104,8 @@ def placement_groups(coordinator: Any) -> dict[str, Any]:
     itself: what launches record, so a sweep can show every actor of a trial is in the trial's group."""
     import ray
 
-    actors = {"policy_server": coordinator.policy, "proposer": coordinator.proposer, "trainer": coordinator.trainer,
+    servers = {"policy_server" + (str(i) if i else ""): a for i, a in enumerate(coordinator.policies)}
+    actors = {**servers, "proposer": coordinator.proposer, "trainer": coordinator.trainer,
               **{f"evaluator{i}": a for i, a in enumerate(coordinator.pool.actors)}}
     refs = {name: actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_placement_group_id())
             for name, actor in actors.items() if actor is not None}
