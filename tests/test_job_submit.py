@@ -227,30 +227,44 @@ class LiveEndpoint:
             self.proc = subprocess.Popen([sys.executable, "-m", "whale_ray.cli", *self.command[1:]],
                                          cwd=c["checkout"], env=c["env"], stdout=out, stderr=subprocess.STDOUT)
         self.seen: list[tuple[float, int, int, str]] = []
+        self.errors: list[str] = []  # what a client met that it should not have: check() fails on it
         self.replicas, self._stop = 0, threading.Event()
 
         def ask(i: int) -> None:
             api = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=120)
+            self.wait_ready(api)
             while not self._stop.is_set():
                 try:
                     r = api.chat.completions.with_raw_response.create(
                         model="whale-latest", messages=[{"role": "user", "content": "What is 2 + 3?"}], max_tokens=8)
+                    body = r.parse()
+                    self.seen.append((time.monotonic(), i, int(r.headers["x-whale-weight-version"]),
+                                      body.system_fingerprint))
                 except openai.RateLimitError as e:  # the replica is full: 429 with Retry-After, as promised
-                    assert e.response.headers.get("retry-after"), e
+                    if not e.response.headers.get("retry-after"):
+                        self.errors.append(f"client {i}: a 429 without Retry-After")
                     time.sleep(0.2)
-                    continue
-                except openai.APIConnectionError:  # not up yet
-                    time.sleep(0.5)
-                    continue
-                body = r.parse()
-                self.seen.append((time.monotonic(), i, int(r.headers["x-whale-weight-version"]),
-                                  body.system_fingerprint))
+                except Exception as e:  # noqa: BLE001 - reported by check(), not lost with the thread
+                    self.errors.append(f"client {i}: {type(e).__name__}: {e}")
+                    return
         self.clients = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(3)]
         for t in self.clients:
             t.start()
 
+    def wait_ready(self, api) -> None:
+        """Until the app answers: before it is deployed, nothing listens, then Serve's proxy answers 404."""
+        import openai
+
+        while not self._stop.is_set():
+            try:
+                api.models.list()
+                return
+            except (openai.APIConnectionError, openai.NotFoundError):
+                time.sleep(0.5)
+
     def check(self) -> None:
-        """The endpoint is up; counts its running replicas."""
+        """The endpoint is up and no client met an error; counts its running replicas."""
+        assert not self.errors, self.errors
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
         deployment = ((serve_apps(self.c).get("whale") or {}).get("deployments") or {}).get("WhaleEndpoint") or {}
         self.replicas = max(self.replicas, sum(r.get("state") == "RUNNING" for r in deployment.get("replicas") or []))
@@ -302,6 +316,7 @@ def test_job_stop_and_resubmit_resume_under_a_live_endpoint(cluster, uninterrupt
         # runs its stop landed after the run had finished.
         while not ((run_dir / "state.json").is_file() and state(run_dir)["ledger"]["weight_rollouts"]):
             running(first)
+            endpoint.check()
             time.sleep(1)
         assert jobs.stop_job(first)
         assert wait_job(jobs, first, timeout=300) == "STOPPED"
