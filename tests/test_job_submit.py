@@ -81,7 +81,7 @@ class Head:
                                          start_new_session=True)
 
     def stop(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):  # its raylet often outlives a SIGTERM
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
