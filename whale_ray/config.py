@@ -64,8 +64,8 @@ class PolicyConfig(_Strict):
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     warmstart_steps: int = Field(1200, ge=0)
-    # PolicyServer replicas (each with resources.policy_server): every evaluator generates with one of them, and
-    # every new weight version reaches all of them before the next rollouts
+    # PolicyServer replicas (each with resources.policy_server): every evaluator sends each model call to the one
+    # it has the fewest calls waiting on, and every new weight version reaches all of them before the next rollouts
     replicas: int = Field(1, gt=0)
     # vllm only: the share of the GPU's memory vLLM takes (weights, activations, KV cache), so that a Trainer on
     # the same GPU has the rest; the transformers engine allocates as it goes.
@@ -216,7 +216,9 @@ class SandboxConfig(_Strict):
     # sized to the cluster's free resources while a phase runs, following nodes as they join and leave.
     evaluators: int | Literal["auto"] | EvaluatorRange = 1
     chunk: Optional[int] = Field(None, gt=0)  # episodes per pull; None: a quarter of `slots`
-    episode_retries: int = Field(1, ge=0)  # losses of an episode with its evaluator on a live node before it counts as a sandbox error (a loss with its node is not counted)
+    # Losses of an episode with its evaluator, on a node that stayed up, before it counts as a sandbox error (an
+    # episode that kills its evaluator must not kill them all); a loss with its node is not counted.
+    episode_retries: int = Field(1, ge=0)
 
     def pool_bounds(self) -> tuple[int, int, bool]:
         """(min, max, elastic) of the evaluator pool."""

@@ -37,14 +37,17 @@ class AgentRequest(BaseModel):
 def start_agent_services(config: dict[str, Any], run_dir: str | None) -> dict[str, Any]:
     """The domain's shared services (Ray actors) for the endpoint's agent, as a run starts them
     (`Domain.start_services`), from the run's resolved `config`; their events go to the followed `run_dir`,
-    else to a folder of their own."""
+    else to a folder of their own. A domain with no services costs nothing here (no splits read, no folder)."""
     import tempfile
 
     from whale_ray.config import WhaleConfig
+    from whale_ray.domain import Domain
 
     cfg = WhaleConfig.model_validate(config)
-    cfg.run_dir = run_dir or tempfile.mkdtemp(prefix="whale-serve-")
     domain = get_domain(cfg.domain)
+    if type(domain).start_services is Domain.start_services:
+        return {}
+    cfg.run_dir = run_dir or tempfile.mkdtemp(prefix="whale-serve-")
     return domain.start_services(cfg, domain.load_splits(cfg.data, cfg.seed))
 
 
