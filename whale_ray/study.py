@@ -38,7 +38,8 @@ def study_sweep(conditions: list[str], seeds: list[int], base: dict[str, Any],
     for key in ("condition", "seed"):
         if key in base:
             raise ConfigError(f"study base config: {key!r} is what the study varies; leave it out of --config")
-    tree = {"base": base, "points": [{"condition": c, "seed": s} for c in conditions for s in seeds],
+    # seed-major: the trials start in this order, so a study stopped part way holds whole seeds to compare
+    tree = {"base": base, "points": [{"condition": c, "seed": s} for s in seeds for c in conditions],
             "metric": "best_val", "max_concurrent_trials": max_concurrent or "auto"}
     return parse_sweep(tree, origin="study")
 
