@@ -6,7 +6,7 @@ For 1, 8 and 32 concurrent clients (each sends its requests one after another): 
 tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica, the real `openai.AsyncOpenAI`
 client over loopback HTTP) and through `PolicyService` called in this process, with the same engine settings
 and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint /
-in-process. Then the HTTP path alone (GET /health, no engine work) and the ratio it leaves the endpoint on a
+in-process, and each side's mean batch per engine pass (the endpoint's from its /health). Then the HTTP path alone (GET /health, no engine work) and the ratio it leaves the endpoint on a
 machine whose cores it shares with the engine. Last, 8 streams are read while a new checkpoint lands in the
 followed run directory: the longest gap between two chunks of one stream, with and without the swap.
 Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import socket
 import tempfile
@@ -33,8 +34,10 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def closed_loop(call, clients: int, per_client: int) -> dict[str, float]:
-    """`clients` clients, each awaiting `per_client` calls in turn; call(seed) -> completion tokens."""
+async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[str, float]:
+    """`clients` clients, each awaiting `per_client` calls in turn; call(seed) -> completion tokens; `counts()`,
+    the engine's (passes, requests) so far, gives the mean batch of the round."""
+    before = await counts() if counts else (0, 0)
     latencies: list[float] = []
     tokens = [0]
 
@@ -47,21 +50,26 @@ async def closed_loop(call, clients: int, per_client: int) -> dict[str, float]:
     t0 = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
     wall = time.perf_counter() - t0
+    after = await counts() if counts else (1, 0)
     return {"req_s": len(latencies) / wall, "tok_s": tokens[0] / wall, "p50": pct(latencies, 0.5),
-            "p99": pct(latencies, 0.99)}
+            "p99": pct(latencies, 0.99), "batch": (after[1] - before[1]) / max(1, after[0] - before[0])}
 
 
-def in_process_call(model: str, max_tokens: int):
+def in_process_call(model: str, max_tokens: int, wait_ms: float):
     from whale_ray.policy.serving import PolicyService
     from whale_ray.records import SamplingParams
 
-    service = PolicyService(model, device="cpu")
+    service = PolicyService(model, device="cpu", batch_wait_ms=wait_ms)
 
     async def call(seed: int) -> int:
         out = await service.generate(MESSAGES, SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=20,
                                                               seed=seed))
         return len(out.completion_ids)
-    return call
+
+    async def counts() -> tuple[int, int]:
+        s = service.stats()
+        return s["batches"], s["requests"]
+    return call, counts
 
 
 def endpoint_call(url: str, max_tokens: int):
@@ -75,7 +83,14 @@ def endpoint_call(url: str, max_tokens: int):
         r = await ac[0].chat.completions.create(model="whale-latest", messages=MESSAGES, max_tokens=max_tokens,
                                                 temperature=1.0, seed=seed, extra_body={"top_k": 20})
         return r.usage.completion_tokens
-    return call
+
+    async def counts() -> tuple[int, int]:  # the replica's batcher, from /health
+        import httpx2
+
+        async with httpx2.AsyncClient() as c:
+            s = (await c.get(url.removesuffix("/v1") + "/health")).json()["batches"]["whale-latest"]
+        return s["batches"], s["requests"]
+    return call, counts
 
 
 def health_call(url: str):
@@ -98,12 +113,13 @@ async def side_by_side(local, remote, levels: list[int], per_client: int, rounds
     One event loop for all: the in-process batcher's worker lives in it."""
     best_local: dict[int, dict[str, float]] = {}
     best_remote: dict[int, dict[str, float]] = {}
+    (local, local_counts), (remote, remote_counts) = local, remote
     await local(0)
     await remote(0)  # warm-up
     for c in levels:
         for _ in range(rounds):
-            a = await closed_loop(local, c, per_client)
-            b = await closed_loop(remote, c, per_client)
+            a = await closed_loop(local, c, per_client, local_counts)
+            b = await closed_loop(remote, c, per_client, remote_counts)
             if c not in best_local or a["req_s"] > best_local[c]["req_s"]:
                 best_local[c] = a
             if c not in best_remote or b["req_s"] > best_remote[c]["req_s"]:
@@ -145,6 +161,7 @@ def main() -> None:
     ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
     ap.add_argument("--requests-per-client", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="policy.batch_wait_ms, both ways")
     ap.add_argument("--rounds", type=int, default=2, help="alternations per level; the best of each is shown")
     args = ap.parse_args()
     levels = [1, 8, 32]
@@ -164,15 +181,19 @@ def main() -> None:
     from whale_ray.serve.spec import for_run_dir
 
     root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
-    (root / "config.yaml").write_text(dump_config(load_config(None, {"run_dir": str(root)})))  # as a run writes it
+    cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms})
+    (root / "config.yaml").write_text(dump_config(cfg))  # as a run writes it
     RunState().save(root)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # Ray starts its workers at niceness 15: on a busy machine the replica would then lose the cores to the
+    # in-process engine (niceness 0 in this process), which is not what is being compared
+    os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     url = deploy(for_run_dir(root, args.model, ServeConfig(port=port, replicas=1, replica_cpus=2, max_concurrent=64)))
     try:
-        local, remote = asyncio.run(side_by_side(in_process_call(args.model, args.max_tokens),
+        local, remote = asyncio.run(side_by_side(in_process_call(args.model, args.max_tokens, args.batch_wait_ms),
                                                  endpoint_call(url, args.max_tokens), levels,
                                                  args.requests_per_client, args.rounds))
 
@@ -197,12 +218,13 @@ def main() -> None:
     print(f"model {args.model}; {args.requests_per_client} requests per client, max_tokens {args.max_tokens}, "
           f"T 1, top-k 20, the same seeds both ways; endpoint: 1 replica, 2 torch threads, as in process; "
           f"best of {args.rounds} interleaved rounds each")
-    print(f"{'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} | "
-          f"{'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} | {'req/s ratio':>11} {'tok/s ratio':>11}")
+    print(f"{'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
+          f"{'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'req/s ratio':>11} "
+          f"{'tok/s ratio':>11}")
     for c in levels:
         a, b = local[c], remote[c]
-        print(f"{c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} {a['p99']:>6.3f} | "
-              f"{b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} {b['p99']:>6.3f} | "
+        print(f"{c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} {a['p99']:>6.3f} {a['batch']:>5.1f} | "
+              f"{b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} {b['p99']:>6.3f} {b['batch']:>5.1f} | "
               f"{b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}")
     # The HTTP path and the engine share this machine's cores: a request costs 1/in-process of the engine and at
     # least 1/floor beside it, so the endpoint reaches at most floor / (floor + in-process) of in-process.

@@ -511,6 +511,29 @@ def test_load_weights_mid_batch_cannot_relabel_it(built):
     assert after.weight_version == 7 and after.completion_ids == zeroed.completion_ids != old[0].completion_ids
 
 
+def test_callers_coming_back_one_by_one_share_one_pass(built):
+    """Twelve callers whose replies reach them one after another (1 ms apart, as an HTTP endpoint's do) come
+    back as one batch: the batcher waits for the last pass's size (at most half a pass) rather than starting
+    a pass with the first ones in its 8 ms window and leaving the rest a whole pass behind."""
+    import asyncio
+
+    from whale_ray.policy.serving import PolicyService
+
+    service = PolicyService(str(built[0]), max_batch=16, batch_wait_ms=8, device=DEVICE)
+    reqs = [ask(f"What is {i} + 3?", max_tokens=48, temperature=1.0, seed=i) for i in range(12)]
+
+    async def caller(i: int) -> None:
+        for _ in range(4):
+            await service.generate(reqs[i].messages, reqs[i].sampling)
+            await asyncio.sleep(0.001 * i)  # the i-th reply arrives i ms after the pass
+
+    async def callers() -> None:
+        await asyncio.gather(*(caller(i) for i in range(12)))
+    asyncio.run(callers())
+    stats = service.batcher.stats
+    assert list(stats.sizes) == [12] * 4, (list(stats.sizes), stats.busy_s)
+
+
 def test_prompt_longer_than_context(engine):
     out = engine.generate([ask("1 " * 600, max_tokens=5), ask("What is 2 + 2?", max_tokens=3, seed=0)])
     assert out[0].completion_ids == [] and out[0].finish_reason == "length" and len(out[0].prompt_ids) >= 512

@@ -128,6 +128,12 @@ def test_chat_sync_async_and_streaming(served, tiny_policy):
                                                                temperature=0) for _ in range(8)))
         return [x.choices[0].message.content for x in rs]
     assert set(asyncio.run(many())) == {in_process(tiny_policy, 0, QUESTION, max_tokens=8, temperature=0)}
+    import httpx2
+
+    health = httpx2.get(url.removesuffix("/v1") + "/health", timeout=60).json()  # the answering replica's
+    assert health["status"] == "ok" and set(health["batches"]) == {"whale-latest", "whale-best"}
+    for s in health["batches"].values():  # engine passes and the requests they held
+        assert s["requests"] >= s["batches"] >= 0 and (s["batches"] == 0 or s["mean_batch"] >= 1)
 
     # streamed: the deltas join to the non-streamed text, a stop string cuts both the same way
     for stop in (None, ["1"], ["\n\n"]):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,8 @@ class BatchStats:
     batches: int = 0
     requests: int = 0
     busy_s: float = 0.0
-    sizes: list[int] = field(default_factory=list)
+    sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1024))  # of the last passes
+
 
     def summary(self) -> dict[str, float]:
         return {
@@ -54,8 +56,17 @@ class BatchStats:
 
 
 class PolicyBatcher:
-    """Gathers concurrent generate calls into batches: waits at most `wait_ms` for company, never
-    more than `max_batch` per pass, and runs one engine pass at a time off the event loop."""
+    """Gathers concurrent generate calls into batches and runs one engine pass at a time off the event loop,
+    never more than `max_batch` per pass.
+
+    How long a batch waits for company: `wait_ms` after the first arrival; but while it is smaller than the
+    last pass (whose callers are not all back), each arrival gives the next one `wait_ms` or a tenth of the
+    last pass's time, whichever is longer, up to half of the last pass's time in all. Callers that come
+    back one by one (HTTP clients, whose replies leave one after another) then join one pass instead of
+    splitting into two half-size passes that take nearly as long each; callers that all come back at once
+    see only `wait_ms`."""
+
+    LINGER, GAP = 0.5, 0.1  # the most a batch waits, and the longest gap between arrivals, as shares of a pass
 
     def __init__(self, engine: Engine, *, max_batch: int = 64, wait_ms: float = 5.0):
         self.engine = engine
@@ -64,6 +75,7 @@ class PolicyBatcher:
         self.stats = BatchStats()
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task | None = None
+        self._last = (0, 0.0)  # the last pass: its size and seconds
 
     def _ensure_worker(self) -> asyncio.Queue:
         if self._queue is None:
@@ -81,20 +93,34 @@ class PolicyBatcher:
         self._ensure_worker().put_nowait(_Pending(request, future))
         return await future
 
-    async def _serve(self) -> None:
+    async def _gather(self) -> list[_Pending]:
         assert self._queue is not None
         loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            deadline = loop.time() + self.wait_s
-            while len(batch) < self.max_batch:
-                timeout = deadline - loop.time()
-                if timeout <= 0 and self._queue.empty():
+        batch = [await self._queue.get()]
+        start = loop.time()
+        last_size, last_s = self._last
+        cap = start + max(self.wait_s, self.LINGER * last_s)
+        gap = max(self.wait_s, self.GAP * last_s)
+        until = start + (gap if last_size > 1 else self.wait_s)
+        while len(batch) < self.max_batch:
+            if self._queue.empty():
+                timeout = until - loop.time()
+                if timeout <= 0:
                     break
                 try:
-                    batch.append(await asyncio.wait_for(self._queue.get(), max(timeout, 0)))
+                    batch.append(await asyncio.wait_for(self._queue.get(), timeout))
                 except asyncio.TimeoutError:
                     break
+            else:
+                batch.append(self._queue.get_nowait())
+            if len(batch) < last_size:  # the last pass's callers are not all back: wait a gap for the next
+                until = max(until, min(loop.time() + gap, cap))
+        return batch
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._gather()
             start = time.perf_counter()
             try:
                 outputs = await loop.run_in_executor(None, self.engine.generate, [p.request for p in batch])
@@ -103,9 +129,11 @@ class PolicyBatcher:
                     if not p.future.done():
                         p.future.set_exception(e)
                 continue
+            self._last = (len(batch), time.perf_counter() - start)
             self.stats.batches += 1
             self.stats.requests += len(batch)
-            self.stats.busy_s += time.perf_counter() - start
+            self.stats.sizes.append(len(batch))
+            self.stats.busy_s += self._last[1]
             for p, out in zip(batch, outputs):
                 if not p.future.done():
                     p.future.set_result(out)
@@ -120,6 +148,7 @@ class PolicyService:
         self.continuous = hasattr(self.engine, "agenerate")
         self.batcher = PolicyBatcher(self.engine, max_batch=max_batch, wait_ms=batch_wait_ms)
         self._requests = 0
+        self.last_load: dict[str, Any] = {}
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
         request = GenerationRequest(messages, sampling)
@@ -142,11 +171,17 @@ class PolicyService:
         return self.engine.version
 
     def load_weights_now(self, weights: Any, version: int) -> None:
+        t0 = time.perf_counter()
         state = materialize(weights, version)
+        t1 = time.perf_counter()
         self.engine.load_weights(state, version)
         if isinstance(weights, SharedWeights) and torch.cuda.is_available():
             torch.cuda.synchronize()  # the engine's copies out of the Trainer's buckets are done before we drop them
         del state
+        # where the time of the last load went (benchmarks/gpu_weight_sync.py reads it): opening the handles or
+        # fetching the fallback, then the engine's reload
+        self.last_load = {"version": version, "shared": isinstance(weights, SharedWeights),
+                          "materialize_s": t1 - t0, "engine_s": time.perf_counter() - t1}
 
     async def sleep(self) -> None:
         """The engine's sleep mode (vLLM with sleep_level > 0) until `wake_up` or `load_weights`; else nothing."""

@@ -84,7 +84,8 @@ class WhaleEndpoint:
 
     @app.get("/health")
     async def health(self) -> dict[str, Any]:
-        return {"status": "ok", "versions": self.replica.versions(), "in_flight": self.replica.in_flight}
+        return {"status": "ok", "versions": self.replica.versions(), "in_flight": self.replica.in_flight,
+                "batches": {name: m.service.stats() for name, m in self.replica.models.items()}}
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
