@@ -17,16 +17,21 @@ A weight phase's wall time includes the training steps and the weight sync, not 
 accepted episodes to train on and the weight sync into the running engine is exercised even with a small
 policy that solves nothing yet; --harness h0 starts from the domain's own h0.
 
-Seen on the H200 (2026-12-01, scripts/gpu/whale_run_h200.sh; sandbox unsafe_none: user namespaces were off
-there; the 60-step embedded math policy, --harness guessing; both runs finished, 8 weight steps each):
+Seen on the H200 (2026-12-01, scripts/gpu/whale_run_h200.sh; the 60-step embedded math policy, --harness
+guessing; every run finished with 8 weight steps). Under bubblewrap (isolation auto, 11/11 sandbox layers),
+--sleep-level 2:
 
     engine        phase    rollouts   wall s rollouts/s  vs transformers
-    vllm          weight       1024     84.8      12.07  1.95x
-    vllm          harness       462     11.4      40.70  3.75x
-    vllm          run                  166.7             rc=0 finished=True weight_version=8 steps=8
-    transformers  weight       1024    165.4       6.19  1.00x
-    transformers  harness       462     42.6      10.85  1.00x
-    transformers  run                  288.2             rc=0 finished=True weight_version=8 steps=8
+    vllm          weight       1024    105.2       9.73  1.47x
+    vllm          harness       462     12.2      37.87  3.05x
+    vllm          run                  190.6
+    transformers  weight       1024    154.7       6.62  1.00x
+    transformers  harness       462     37.2      12.41  1.00x
+    transformers  run                  267.6
+    vllm, --weight-sync cuda_ipc: weight 92.0 s (11.13/s), harness 12.3 s (37.63/s), run 164.5 s
+
+and earlier the same day without bubblewrap or sleep mode: vllm 12.07 / 40.70 rollouts/s (166.7 s),
+transformers 6.19 / 10.85 (288.2 s).
 
     python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --root /tmp/gpu-runs
     python benchmarks/gpu_whale_run.py --device cpu --engines transformers --size tiny     # a CPU check
@@ -83,6 +88,9 @@ def study(args: argparse.Namespace) -> dict:
     cfg = merge({"condition": "whale", "seed": args.seed, "sandbox": {"isolation": args.isolation}}, SIZES[args.size])
     if args.device == "cuda":
         cfg = merge(cfg, ON_GPU)
+        # vLLM's sleep mode around each Trainer step (the transformers engine ignores it), and how the Trainer's
+        # GPU weights reach the server (object_store, or cuda_ipc handles)
+        cfg = merge(cfg, {"policy": {"sleep_level": args.sleep_level}, "weight": {"weight_sync": args.weight_sync}})
     else:
         cfg = merge(cfg, {"policy": {"device": args.device}})
     if args.model:
@@ -183,6 +191,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--harness", default="guessing", choices=("guessing", "h0"), help="the seed harness (see above)")
     ap.add_argument("--run-timeout", type=float, help="seconds one `whale run` may take before it is stopped")
+    ap.add_argument("--sleep-level", type=int, default=0, choices=(0, 1, 2), help="policy.sleep_level (--device cuda)")
+    ap.add_argument("--weight-sync", default="object_store", choices=("object_store", "cuda_ipc"),
+                    help="weight.weight_sync (--device cuda)")
     args = ap.parse_args()
     root = args.root.resolve()
     root.mkdir(parents=True, exist_ok=True)

@@ -313,8 +313,11 @@ def test_shared_weights_load_into_vllm_like_the_same_weights_sent_directly(engin
         assert child.stdout.readline().strip() == "ready"
         w = pickle.loads((tmp_path / "w.pkl").read_bytes())
         t0 = time.perf_counter()
-        with cf.ThreadPoolExecutor(1) as pool:  # a hang fails the test instead of the session
+        pool = cf.ThreadPoolExecutor(1)  # a hang fails the test instead of the session (not `with`: its exit
+        try:                             # would wait for the hung thread)
             pool.submit(lambda: v.load_weights(materialize(w, version), version)).result(timeout=60)
+        finally:
+            pool.shutdown(wait=False)
         print(f"IPC load of {w.nbytes / 1e6:.1f} MB: {time.perf_counter() - t0:.3f} s")
         via_ipc = [o.completion_ids for o in v.generate(reqs)]
     finally:

@@ -11,8 +11,8 @@ if [ ! -d $S/ray ]; then
   cat ~/rparts/ray.part.? | python3 -c "import sys,tarfile;tarfile.open(fileobj=sys.stdin.buffer,mode='r|xz').extractall(sys.argv[1],filter='fully_trusted')" $S
   python3 -m pip install -q --no-index --no-deps --no-compile --target $S ~/rdeps/*.whl
 fi
-# where the sandbox's unprivileged uid can run it (not under /root, which it cannot enter: seen there). The
-# H200's kernel had user namespaces off when this ran (whale doctor), so runs there fell back to unsafe_none.
+# where the sandbox's unprivileged uid can run it (not under /root, which it cannot enter: seen there). On the
+# H200 it ran with all 11 sandbox layers on 2026-12-01 (whale doctor), and whole runs used it (isolation auto).
 install -m 755 ~/rbin/bwrap /usr/local/bin/bwrap
 # the checkout on the path (the `whale` entry point is `python3 -m whale_ray.cli`); NVLink multicast stays off
 export PYTHONPATH=$S:$PWD${PYTHONPATH:+:$PYTHONPATH} NCCL_NVLS_ENABLE=0 \
