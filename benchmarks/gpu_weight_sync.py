@@ -176,15 +176,20 @@ class Opener:
         return os.getpid()
 
     def open(self, w, timeout: float) -> dict:
-        from whale_ray.policy.weight_sync import materialize
+        return open_and_checksum(w, timeout)
 
-        def go():
-            t0 = time.perf_counter()
-            state = materialize(w, w.version)
-            t1 = time.perf_counter()
-            return {"open_s": t1 - t0, "checksum": checksum(state[s.name] for s in _distinct(w))}
 
-        return in_thread(go, timeout)
+def open_and_checksum(w, timeout: float) -> dict:
+    """Opens the handles of `w` in this process (bounded) and checksums the distinct tensors."""
+    from whale_ray.policy.weight_sync import materialize
+
+    def go():
+        t0 = time.perf_counter()
+        state = materialize(w, w.version)
+        t1 = time.perf_counter()
+        return {"open_s": t1 - t0, "checksum": checksum(state[s.name] for s in _distinct(w))}
+
+    return in_thread(go, timeout)
 
 
 def _distinct(w):
@@ -208,15 +213,7 @@ class Middle:
 # -- run inside the PolicyServer's process (server.__ray_call__) -----------------------------------------------
 
 def srv_open(actor_self, w, timeout: float) -> dict:
-    from whale_ray.policy.weight_sync import materialize
-
-    def go():
-        t0 = time.perf_counter()
-        state = materialize(w, w.version)
-        t1 = time.perf_counter()
-        return {"open_s": t1 - t0, "checksum": checksum(state[s.name] for s in _distinct(w))}
-
-    return in_thread(go, timeout)
+    return open_and_checksum(w, timeout)
 
 
 def srv_engine_load(actor_self, w, timeout: float) -> dict:

@@ -45,7 +45,6 @@ class BatchStats:
     busy_s: float = 0.0
     sizes: deque[int] = field(default_factory=lambda: deque(maxlen=1024))  # of the last passes
 
-
     def summary(self) -> dict[str, float]:
         return {
             "batches": self.batches,
