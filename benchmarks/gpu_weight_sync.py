@@ -25,10 +25,13 @@ Then, each from the driver as the weight phase calls it (the seconds from asking
              a middle actor (the Trainer actor) that materialises it and returns it, the server's load;
   fallback   SharedWeights whose GPU the server cannot see (a fake UUID): fetched through the object store once;
   raw        a device-to-device copy of the same bytes in the worker (the floor);
-  reload     the engine's own reload from float32 tensors already on its GPU (vLLM without any transport);
+  reload     the engine's own reload from float32 tensors already on its GPU (no transport): by the copy plan it
+             recorded at its first load (whale_ray/policy/vllm_reload.py), and by vLLM's reload_weights;
 then greedy completions after ipc and after store loads of the same version (must be equal), GPU memory
 (nvidia-smi, whole GPU) around sleep levels 1 and 2, and decode tokens/s of B concurrent clients through Ray
-against the same batch submitted inside the actor's process. Each part prints a RESULTS line when it ends.
+against the same batch submitted inside the actor's process, at each of --switch-intervals (the server
+process's GIL switch interval: how long the engine thread can wait for the GIL held by the thread that runs
+the actor calls). Each part prints a RESULTS line when it ends.
 
 Seen on the H200 (2026-12-01, scripts/gpu/weight_sync_h200.sh; scripts/gpu/README.md has the whole table):
 every ladder step passed with sleep mode on and off; ipc 0.167-0.182 s (open 6 ms, engine 0.13-0.15 s),
@@ -238,7 +241,7 @@ def srv_last_load(actor_self) -> dict:
 
 def srv_reload(actor_self, repeats: int, timeout: float) -> dict:
     """The engine's reload from a float32 state dict already on the server's GPU (what IPC hands it, without
-    the transport)."""
+    the transport): by its recorded copy plan (whale_ray/policy/vllm_reload.py), then by vLLM's reload_weights."""
     from safetensors.torch import load_file
 
     eng = actor_self._service.engine
@@ -246,16 +249,27 @@ def srv_reload(actor_self, repeats: int, timeout: float) -> dict:
     def go():
         files = sorted(Path(eng.model_path).glob("*.safetensors"))
         state = {k: v.to("cuda", torch.float32) for f in files for k, v in load_file(str(f)).items()}
-        out = []
-        for _ in range(repeats):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            eng.load_weights(state, eng.version)
-            torch.cuda.synchronize()
-            out.append(time.perf_counter() - t0)
+        out = {"status": eng.plan_status}
+        plan = eng._plan
+        for path in ("plan", "vllm"):
+            eng._plan = plan if path == "plan" else None
+            out[path] = []
+            for _ in range(repeats):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                eng.load_weights(state, eng.version)
+                torch.cuda.synchronize()
+                out[path].append(time.perf_counter() - t0)
+            out[f"{path}_path"] = eng.last_reload.get("path")
+        eng._plan = plan
         return out
 
     return in_thread(go, timeout)
+
+
+def set_switch_interval(actor_self, seconds: float) -> float:
+    sys.setswitchinterval(seconds)
+    return sys.getswitchinterval()
 
 
 def set_level(actor_self, level: int) -> None:
@@ -316,6 +330,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--batches", default="8,64,256")
     ap.add_argument("--new", type=int, default=128)
+    ap.add_argument("--switch-intervals", default="0.005,0.001,0.0002",
+                    help="the server process's sys.setswitchinterval values to measure decode through Ray at")
     ap.add_argument("--sleep-level", type=int, default=2, help="the server's vLLM sleep mode (0: off)")
     ap.add_argument("--retry-without-sleep", type=int, default=1,
                     help="1: where a server step of the IPC ladder fails, run it again on a server without sleep mode")
@@ -459,6 +475,13 @@ def main() -> None:
             a.ok_file.write_text(json.dumps({"ipc": R["ipc"], "sleep_level": server_level}))
         if ok:
             R["_greedy_ipc"] = greedy()
+            box = get(server.__ray_call__.remote(srv_reload, a.repeats, T), "reload alone", timeout=T + 15, who="server")
+            if "out" in box:
+                o = box["out"]
+                R["reload_plan"], R["reload"] = o["plan"], o["vllm"]
+                R["plan_status"] = f"{o['status']} (timed paths: {o['plan_path']}, {o['vllm_path']})"
+            else:
+                step("reload alone", box, R.setdefault("ladder", {}))
 
     def wait_for(ref, timeout: float, what: str) -> None:
         ready, _ = ray.wait([ref], timeout=timeout, fetch_local=False)
@@ -494,11 +517,6 @@ def main() -> None:
             "fallback load (object store once)", timeout=S, who="server")
         R["fallback"] = [time.perf_counter() - t0]
         R["fallback_split"] = get(server.__ray_call__.remote(srv_last_load))
-        box = get(server.__ray_call__.remote(srv_reload, a.repeats, S), "reload alone", timeout=S + 15, who="server")
-        if "out" in box:
-            R["reload"] = box["out"]
-        else:
-            step("reload alone", box, R.setdefault("ladder", {}))
 
     def sleep_part():
         if server_level == 0:
@@ -532,14 +550,19 @@ def main() -> None:
         def reqs(b):
             return [[{"role": "user", "content": f"{next(counter)} Count from one to one hundred."}] for _ in range(b)]
 
-        for b in map(int, a.batches.split(",")):
-            for _ in range(2):  # warm-up, then timed, per path
-                t0 = time.perf_counter()
-                calls = get([server.generate.remote(m, sp) for m in reqs(b)], who="server")
-                t_ray = time.perf_counter() - t0
-                local = [GenerationRequest(m, sp) for m in reqs(b)]
-                tok_local, t_local = get(server.__ray_call__.remote(in_actor_batch, local), who="server")
-            R[f"ray{b}"] = (sum(len(c.completion_ids) for c in calls) / t_ray, tok_local / t_local)
+        default = get(server.__ray_call__.remote(lambda self: sys.getswitchinterval()))
+        for si in [float(x) for x in a.switch_intervals.split(",")]:
+            got = get(server.__ray_call__.remote(set_switch_interval, si))
+            for b in map(int, a.batches.split(",")):
+                for _ in range(2):  # warm-up, then timed, per path
+                    t0 = time.perf_counter()
+                    calls = get([server.generate.remote(m, sp) for m in reqs(b)], who="server")
+                    t_ray = time.perf_counter() - t0
+                    local = [GenerationRequest(m, sp) for m in reqs(b)]
+                    tok_local, t_local = get(server.__ray_call__.remote(in_actor_batch, local), who="server")
+                R[f"ray{b}@{got}"] = (sum(len(c.completion_ids) for c in calls) / t_ray, tok_local / t_local)
+                print(f"  switch interval {got * 1e3:g} ms, batch {b}: {R[f'ray{b}@{got}']}", flush=True)
+        get(server.__ray_call__.remote(set_switch_interval, default))
 
     section("weight sync", sync_part, R)
     if "store" in parts:
@@ -568,7 +591,8 @@ def report(R: dict, nbytes: int) -> None:
         for key, name in (("ipc", "CUDA IPC buckets, PolicyServer.load_weights"),
                           ("store", "object store, 3 hops (the CPU path)"),
                           ("fallback", "IPC fallback: object store once"),
-                          ("reload", "vLLM reload alone, fp32 on its GPU"),
+                          ("reload", "vLLM reload_weights alone, fp32 on its GPU"),
+                          ("reload_plan", "the recorded copy plan alone, fp32 on its GPU"),
                           ("snapshot", "  of ipc: the worker's snapshot copy")):
             if key in R:
                 xs = R[key]
@@ -587,10 +611,13 @@ def report(R: dict, nbytes: int) -> None:
                   f"{'wake_up' if level == 1 else 'wake by a load'} {s['wake_s']:.2f} s")
     if "after_sleep_tokens" in R:
         print(f"greedy completion after the sleeps: {R['after_sleep_tokens']} tokens")
-    for k in sorted((k for k in R if k.startswith("ray")), key=lambda k: int(k[3:])):
+    if "plan_status" in R:
+        print(f"copy plan: {R['plan_status']}")
+    for k in sorted((k for k in R if k.startswith("ray")), key=lambda k: (float(k.split("@")[1]), int(k[3:].split("@")[0]))):
         via, local = R[k]
-        print(f"batch {k[3:]}: {via:,.0f} tokens/s through Ray (concurrent actor calls), {local:,.0f} inside the "
-              f"actor's process (VLLMEngine.generate): {via / local:.2f}x")
+        b, si = k[3:].split("@")
+        print(f"switch interval {float(si) * 1e3:g} ms, batch {b}: {via:,.0f} tokens/s through Ray (concurrent actor "
+              f"calls), {local:,.0f} inside the actor's process (VLLMEngine.generate): {via / local:.2f}x")
     for f in R.get("failed", []):
         print("FAILED", f)
 

@@ -161,6 +161,32 @@ def test_reload_in_place_then_greedy_equals_transformers(engines, policy, form):
     assert v.version == version + 1
 
 
+def test_the_copy_plan_loads_bit_for_bit_what_vllms_reload_loads(engines):
+    """After the first reload the engine replays its loader's recorded copies (whale_ray/policy/vllm_reload.py):
+    from the Trainer's float32 GPU tensors they leave every parameter as vLLM's reload_weights leaves it."""
+    from whale_ray.policy.vllm_engine import _model
+
+    v, ref = engines
+    torch.manual_seed(2)
+    new = {k: (t + 0.01 * torch.randn_like(t)).to("cuda", torch.float32) for k, t in ref.model.state_dict().items()}
+    version = v.version
+    v.load_weights(new, version + 1)  # the first load of this engine records the plan; later ones replay it
+    v.load_weights(new, version + 1)
+    assert v.plan_status.startswith("in use"), v.plan_status
+    assert v.last_reload["path"] == "copy plan"
+    model = v._core.collective_rpc(_model)[0]
+    via_plan = {n: p.detach().cpu() for n, p in model.named_parameters()}
+    plan, v._plan = v._plan, None
+    try:
+        v.load_weights(new, version + 2)
+        assert v.last_reload["path"] == "vLLM reload_weights"
+    finally:
+        v._plan = plan
+    by_vllm = {n: p.detach().cpu() for n, p in model.named_parameters()}
+    assert via_plan.keys() == by_vllm.keys() and all(torch.equal(via_plan[n], by_vllm[n]) for n in by_vllm)
+    print(f"copy plan {v.plan_status}; reload {v.last_reload}")
+
+
 def test_in_flight_requests_finish_on_the_weights_they_started_with(engines):
     """A load_weights while requests run: they finish on the old weights and are labelled so; requests that
     arrive during the reload wait and run on the new weights."""
@@ -243,8 +269,9 @@ def test_shared_weights_open_in_another_process_and_follow_each_version(tmp_path
 
 
 def test_sleep_levels_free_memory_and_wake_on_the_same_weights(policy):
-    """Sleep level 1 (weights to CPU) then wake_up; level 2 (weights dropped) then load_weights: greedy
-    outputs equal the ones before each sleep, and requests sent while asleep wait for the wake."""
+    """Sleep level 1 (weights to CPU) then wake_up; level 2 (weights dropped) then load_weights, twice (vLLM's
+    reload, then the copy plan into the weights' memory as it comes back): greedy outputs equal the ones before
+    each sleep, and requests sent while asleep wait for the wake."""
     import threading
 
     from whale_ray.policy.vllm_engine import VLLMEngine
@@ -257,7 +284,7 @@ def test_sleep_levels_free_memory_and_wake_on_the_same_weights(policy):
     from safetensors.torch import load_file
 
     state = {k: t.cuda() for f in sorted(Path(policy).glob("*.safetensors")) for k, t in load_file(str(f)).items()}
-    for level in (1, 2):
+    for level in (1, 2, 2):  # the second level-2 load replays the copy plan the first one recorded
         v.sleep_level = level
         free0 = torch.cuda.mem_get_info()[0]
         v.sleep()
@@ -275,6 +302,7 @@ def test_sleep_levels_free_memory_and_wake_on_the_same_weights(policy):
         assert waiting.result(timeout=60).completion_ids == alone
         print(f"sleep level {level} freed {freed / 2**30:.2f} GiB")
         assert not v.asleep and [o.completion_ids for o in v.generate(reqs)] == before
+    assert v.last_reload["path"] == "copy plan", v.plan_status
     v.close()
 
 
