@@ -185,6 +185,7 @@ def test_the_copy_plan_loads_bit_for_bit_what_vllms_reload_loads(engines):
     by_vllm = {n: p.detach().cpu() for n, p in model.named_parameters()}
     assert via_plan.keys() == by_vllm.keys() and all(torch.equal(via_plan[n], by_vllm[n]) for n in by_vllm)
     print(f"copy plan {v.plan_status}; reload {v.last_reload}")
+    v.load_weights(ref.model.state_dict(), version + 3)  # back to the reference's weights for the tests after
 
 
 def test_in_flight_requests_finish_on_the_weights_they_started_with(engines):

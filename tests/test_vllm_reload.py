@@ -1,5 +1,5 @@
 """CopyPlan (whale_ray/policy/vllm_reload.py) on CPU, over modules that load the way vLLM's models do: packed
-parameters filled slice by slice by weight loaders. The plan on vLLM itself is tested on the GPU
+parameters filled slice by slice by weight loaders, an embedding's padding rows zeroed. The plan on vLLM itself is tested on the GPU
 (tests/test_vllm_gpu.py); here, what it accepts, what it refuses and why, and that a replay equals a load."""
 
 from __future__ import annotations
@@ -17,10 +17,15 @@ class Packed(torch.nn.Module):
         super().__init__()
         self.qkv = torch.nn.Parameter(torch.zeros(12, 4, dtype=torch.bfloat16), requires_grad=False)
         self.norm = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16), requires_grad=False)
+        self.emb = torch.nn.Parameter(torch.zeros(6, 4, dtype=torch.bfloat16), requires_grad=False)  # 5 + padding
         self.how = how
 
     def load_weights(self, weights) -> None:
         for name, w in weights:
+            if name == "emb":  # as vLLM's VocabParallelEmbedding: the rows, then zeros past the vocabulary
+                self.emb[: w.shape[0]].data.copy_(w)
+                self.emb[w.shape[0]:].data.fill_(0)
+                continue
             if name == "norm":
                 if self.how == "replace":
                     self.norm.data = w.to(torch.bfloat16)  # new memory: recorded views would be stale
@@ -41,7 +46,8 @@ class Packed(torch.nn.Module):
 
 def weights(seed: int) -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [(n, torch.randn(4, 4, generator=g)) for n in "qkv"] + [("norm", torch.randn(4, generator=g))]
+    return [(n, torch.randn(4, 4, generator=g)) for n in "qkv"] + [("norm", torch.randn(4, generator=g)),
+                                                                   ("emb", torch.randn(5, 4, generator=g))]
 
 
 def test_a_replay_writes_what_the_loader_writes():
@@ -49,18 +55,19 @@ def test_a_replay_writes_what_the_loader_writes():
     first = weights(0)
     model.load_weights(first)  # what vLLM's reload left (same loader here)
     plan, why = CopyPlan.record(model, first)
-    assert plan is not None and why == "" and len(plan.targets) == 4
+    assert plan is not None and why == "" and len(plan.targets) == 5 and len(plan.fills) == 1
     second = weights(1)
+    model.emb.data[5:] = 7.0  # the padding's memory after a level-2 sleep holds anything: the replay fills it again
     plan.apply(dict(second))
     twin.load_weights(second)
-    assert torch.equal(model.qkv, twin.qkv) and torch.equal(model.norm, twin.norm)
+    assert all(torch.equal(getattr(model, n), getattr(twin, n)) for n in ("qkv", "norm", "emb"))
     assert not torch.equal(model.qkv, Packed().qkv)
 
 
 @pytest.mark.parametrize("how, why", [
     ("cast_first", "copy_ into qkv not from a whole incoming tensor"),
     ("scale", "copy_ into qkv not from a whole incoming tensor"),
-    ("skip_v", "the copies into qkv cover 32 of its 48 elements"),
+    ("skip_v", "the writes into qkv cover 32 of its 48 elements"),
     ("replace", "the load gave norm new memory"),
 ])
 def test_a_load_the_replay_cannot_repeat_is_refused_with_the_reason(how, why):

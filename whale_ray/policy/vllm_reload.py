@@ -10,8 +10,9 @@ engine's dtype included, as one `torch._foreach_copy_`.
 
 A plan is used only once it is checked; otherwise `record` says why and the engine keeps vLLM's reload:
 - every write to a parameter during the load is a copy of a whole incoming tensor (no cast, slice or
-  arithmetic of its own on the way: the replay could not repeat it);
-- the copies' targets cover every element of every parameter exactly once;
+  arithmetic of its own on the way: the replay could not repeat it), or a constant fill (an embedding's
+  padding rows past the vocabulary), which the replay repeats;
+- the writes' targets cover every element of every parameter exactly once;
 - the parameters after the recorded load equal, bit for bit, those after vLLM's own reload of the same weights.
 Weights dropped by sleep mode come back at the same addresses (vLLM's CuMem allocator remaps them), so the
 recorded views stay valid across sleeps.
@@ -41,6 +42,7 @@ class _Recorder(TorchFunctionMode):
         super().__init__()
         self.inputs, self.params = inputs, params
         self.copies: list[tuple[str, str, torch.Tensor]] = []  # (input name, parameter name, target view)
+        self.fills: list[tuple[str, torch.Tensor, float]] = []  # (parameter name, target view, constant)
         self.problems: list[str] = []
 
     def _param(self, t: Any) -> str | None:
@@ -54,7 +56,13 @@ class _Recorder(TorchFunctionMode):
         in_place = name.endswith("_") and not name.startswith("_") and name not in self.NOT_WRITES
         if args and (in_place or name in self.WRITES):
             target = self._param(args[0])
-            if target is not None:
+            if target is not None and name in ("fill_", "zero_"):  # a loader's padding rows: repeated as they are
+                value = 0 if name == "zero_" else (args[1] if len(args) > 1 else kwargs.get("value"))
+                if isinstance(value, (int, float)):
+                    self.fills.append((target, args[0], value))
+                else:
+                    self.problems.append(f"{name} into {target} with a tensor value")
+            elif target is not None:
                 src = args[1] if len(args) > 1 else kwargs.get("src")
                 source = self.inputs.get(_key(src)) if name == "copy_" and isinstance(src, torch.Tensor) else None
                 if source is None:
@@ -68,6 +76,7 @@ class _Recorder(TorchFunctionMode):
 class CopyPlan:
     sources: list[str]  # incoming tensor names, one per copy (a name may feed several targets)
     targets: list[torch.Tensor]  # views of the running parameters
+    fills: list[tuple[torch.Tensor, float]]  # constants the loader writes (an embedding's padding rows)
 
     @classmethod
     def record(cls, model: torch.nn.Module, items: list[tuple[str, torch.Tensor]]) -> tuple[CopyPlan | None, str]:
@@ -84,14 +93,18 @@ class CopyPlan:
             return None, f"the load gave {moved[0]} new memory (the recorded views would point at the old)"
         if rec.problems:
             return None, f"{len(rec.problems)} write(s) a replay cannot repeat, e.g. {rec.problems[0]}"
-        if why := _uncovered(params, rec.copies):
+        fills = [(view, value) for _, view, value in rec.fills if view.numel()]
+        spans = [(name, view) for _, name, view in rec.copies] + [(name, view) for name, view, _ in rec.fills]
+        if why := _uncovered(params, spans):
             return None, why
         changed = [n for n, p in params.items() if not torch.equal(p.detach().cpu(), before[n])]
         if changed:
             return None, f"the model's load_weights gave other values than vLLM's reload for {changed[0]}"
-        return cls([s for s, _, _ in rec.copies], [t for _, _, t in rec.copies]), ""
+        return cls([s for s, _, _ in rec.copies], [t for _, _, t in rec.copies], fills), ""
 
     def apply(self, state: dict[str, torch.Tensor]) -> None:
+        for view, value in self.fills:  # disjoint from the copies' targets (checked): order does not matter
+            view.fill_(value)
         sources = [state[n] for n in self.sources]
         device = self.targets[0].device
         if all(s.device == device for s in sources):
@@ -101,20 +114,23 @@ class CopyPlan:
                 t.copy_(s)
 
 
-def _uncovered(params: dict[str, torch.Tensor], copies: list[tuple[str, str, torch.Tensor]]) -> str:
-    """Why the copies' targets do not cover every parameter element exactly once; "" when they do."""
+def _uncovered(params: dict[str, torch.Tensor], writes: list[tuple[str, torch.Tensor]]) -> str:
+    """Why the writes' targets (parameter name, view) do not cover every parameter element exactly once; "" when
+    they do."""
     spans: dict[str, list[tuple[int, int]]] = {n: [] for n in params}
-    for _, name, view in copies:
+    for name, view in writes:
+        if not view.numel():
+            continue
         if not view.is_contiguous():
-            return f"a copy into {name} writes a non-contiguous view"
+            return f"a write into {name} targets a non-contiguous view"
         first = view.storage_offset() - params[name].storage_offset()
         spans[name].append((first, first + view.numel()))
     for name, parts in spans.items():
         end = 0
         for lo, hi in sorted(parts):
             if lo != end:
-                return f"the copies into {name} {'overlap' if lo < end else 'leave a gap'} at element {min(lo, end)}"
+                return f"the writes into {name} {'overlap' if lo < end else 'leave a gap'} at element {min(lo, end)}"
             end = hi
         if end != params[name].numel():
-            return f"the copies into {name} cover {end} of its {params[name].numel()} elements"
+            return f"the writes into {name} cover {end} of its {params[name].numel()} elements"
     return ""
