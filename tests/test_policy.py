@@ -264,9 +264,12 @@ def test_one_forward_per_decode_step(counted):
 def test_chunks_beyond_max_batch(built):
     small = TransformersEngine(built[0], device=DEVICE, max_batch=4)
     calls = []
-    small.model.register_forward_hook(lambda *a: calls.append(1))
-    outs = small.generate([ask(f"What is {i} * 3?", max_tokens=3, seed=i) for i in range(10)])
-    assert len(outs) == 10 and len(calls) <= 3 * 3  # three chunks of <= 3 steps
+    small.model.register_forward_hook(lambda m, a, kw, out: calls.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    reqs = [ask(f"What is {i} * 3?", max_tokens=3, seed=i) for i in range(10)]
+    outs = small.generate(reqs)
+    assert len(outs) == 10 and len(calls) <= 3 * 3  # three groups of <= 3 steps
+    assert max(calls) == 4  # max_batch bounds the running batch, prefills and decode steps alike
+    assert [o.completion_ids for o in outs] == [small.generate([r])[0].completion_ids for r in reqs]
 
 
 def _teacher_forced(engine, out, temperature, top_k, top_p):
@@ -503,12 +506,15 @@ def test_load_weights_mid_batch_cannot_relabel_it(built):
         return calls, after
 
     calls, after = asyncio.run(mid_batch_load())
-    assert service.stats()["batches"] == 2 and eng.version == 7  # the six in one pass, then `after`
-    for call, req, ref in zip(calls, reqs, old):
-        assert call.weight_version == 0 and call.messages is req.messages
-        assert call.completion_ids == ref.completion_ids and call.prompt_ids == ref.prompt_ids
-    zeroed = eng.generate([reqs[0]])[0]
-    assert after.weight_version == 7 and after.completion_ids == zeroed.completion_ids != old[0].completion_ids
+    assert eng.version == 7
+    # each call names the weights that generated it: those admitted before the load finished on the old
+    # weights (the first one at least: the load started at its first forward); any that came after waited
+    zeroed = eng.generate(reqs)
+    assert calls[0].weight_version == 0
+    for call, req, ref, new in zip(calls, reqs, old, zeroed):
+        assert call.weight_version in (0, 7) and call.messages is req.messages and call.prompt_ids == ref.prompt_ids
+        assert call.completion_ids == (ref if call.weight_version == 0 else new).completion_ids
+    assert after.weight_version == 7 and after.completion_ids == zeroed[0].completion_ids != old[0].completion_ids
 
 
 def test_callers_coming_back_one_by_one_share_one_pass(built):
@@ -519,7 +525,7 @@ def test_callers_coming_back_one_by_one_share_one_pass(built):
 
     from whale_ray.policy.serving import PolicyService
 
-    service = PolicyService(str(built[0]), max_batch=16, batch_wait_ms=8, device=DEVICE)
+    service = PolicyService(str(built[0]), max_batch=16, batch_wait_ms=8, device=DEVICE, batching="pass")
     reqs = [ask(f"What is {i} + 3?", max_tokens=48, temperature=1.0, seed=i) for i in range(12)]
 
     async def caller(i: int) -> None:
@@ -532,6 +538,112 @@ def test_callers_coming_back_one_by_one_share_one_pass(built):
     asyncio.run(callers())
     stats = service.batcher.stats
     assert list(stats.sizes) == [12] * 4, (list(stats.sizes), stats.busy_s)
+
+
+# -- continuous batching ---------------------------------------------------------------------------------
+
+
+def _forwards(eng):
+    """The (rows, input width) of each forward pass, recorded from the engine's thread."""
+    seen: list[tuple[int, int]] = []
+    handle = eng.model.register_forward_hook(lambda m, a, kw, out: seen.append(tuple(kw["input_ids"].shape)),
+                                             with_kwargs=True)
+    return seen, handle
+
+
+def _wait_for(cond, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+def test_requests_join_a_running_batch(built):
+    """Requests submitted while others decode join them at the next step (one prefill of the newcomers, then
+    decode steps over everyone), each resolves as it finishes, and a seeded request samples the same tokens,
+    log-probs (to float rounding: see below), top log-probs and streamed tokens as when it runs alone."""
+    eng = TransformersEngine(built[0], device=DEVICE, max_batch=16)
+    seeded = ask("What is 41 + 17?", max_tokens=20, temperature=1.0, top_k=0, seed=123, top_logprobs=3)
+    greedy = ask("What is 6 + 7?", max_tokens=24, temperature=0.0)
+    alone = [eng.generate([r])[0] for r in (seeded, greedy)]
+    seen, handle = _forwards(eng)
+    long = eng.submit_many([ask("What is 5 * 5? " + "Think. " * i, max_tokens=60, temperature=1.0, seed=i)
+                            for i in range(5)])
+    _wait_for(lambda: len(seen) >= 3, "the long requests' third step")
+    streamed: list[tuple[int, int]] = []
+    joiners = [dataclasses.replace(seeded, on_token=lambda t, v: streamed.append((t, v))), greedy]
+    joined = [f.result() for f in eng.submit_many(joiners)]
+    running_when_done = sum(not f.done() for f in long)
+    [f.result() for f in long]
+    handle.remove()
+    prefills = [i for i, (rows, width) in enumerate(seen) if width > 1]
+    assert len(prefills) == 2 and seen[prefills[1]][0] == 2  # the long ones' prefill, then the two joiners'
+    assert any(rows > 2 for rows, _ in seen[prefills[1] + 1:])  # ... who then decode together with the rest
+    for a, j in zip(alone, joined):
+        assert j.completion_ids == a.completion_ids and j.prompt_ids == a.prompt_ids
+        assert (j.finish_reason, j.text, j.weight_version) == (a.finish_reason, a.text, a.weight_version)
+        # float32 on CPU: the same row computed in a batch of another shape (more rows, more padding columns)
+        # comes out within rounding, not bit for bit
+        assert torch.allclose(torch.tensor(j.logprobs), torch.tensor(a.logprobs), atol=1e-5)
+    assert [[i for i, _ in alts] for alts in joined[0].top_logprobs] == [[i for i, _ in alts] for alts in alone[0].top_logprobs]
+    assert len(joined[0].top_logprobs) == len(joined[0].completion_ids) and not joined[1].top_logprobs
+    assert streamed == [(t, 0) for t in joined[0].completion_ids]
+    print(f"long requests still running when the joiners were done: {running_when_done} of 5")
+
+
+def test_load_weights_with_requests_in_flight(built):
+    """The requests in flight finish on the old weights and say so; a request that arrives while the load waits
+    for them waits too, and runs on the new weights."""
+    eng = TransformersEngine(built[0], device=DEVICE, max_batch=16)
+    zeros = {k: torch.zeros_like(v) for k, v in eng.state_dict().items()}
+    reqs = [ask(f"What is {i} + 9?", max_tokens=16, temperature=0.0) for i in range(4)]
+    late = ask("What is 2 + 2?", max_tokens=8, temperature=0.0)
+    old = eng.generate(reqs)
+    started, go = threading.Event(), threading.Event()
+
+    def hold(*_):
+        started.set()
+        go.wait(120)
+    handle = eng.model.register_forward_hook(hold)
+    in_flight = eng.submit_many(reqs)
+    assert started.wait(120)  # the engine is in the batch's first forward, held there until `go`
+    loader = threading.Thread(target=eng.load_weights, args=(zeros, 3))
+    loader.start()
+    _wait_for(lambda: not eng._commands.empty(), "the load to be queued")
+    waiting = eng.submit(late)
+    go.set()
+    outs = [f.result() for f in in_flight]
+    loader.join()
+    handle.remove()
+    assert [(o.completion_ids, o.weight_version) for o in outs] == [(o.completion_ids, 0) for o in old]
+    after = waiting.result()
+    assert eng.version == after.weight_version == 3
+    assert after.completion_ids == eng.generate([late])[0].completion_ids
+
+
+def test_a_bad_request_or_a_failed_step_fails_alone(built):
+    eng = TransformersEngine(built[0], device=DEVICE, max_batch=8)
+    good = ask("What is 3 + 3?", max_tokens=10, temperature=0.0)
+    ref = eng.generate([good])[0]
+    with pytest.raises(ValueError, match="max_tokens"):  # refused at once; the others of the call are not sent
+        eng.submit_many([good, ask("q", max_tokens=0)])
+    # an engine error mid-generation fails the requests then live, and the engine goes on serving
+    fail = [True]
+
+    def boom(*_):
+        if fail[0] and len(eng._batch.rows) >= 2:
+            fail[0] = False
+            raise RuntimeError("injected")
+    handle = eng.model.register_forward_hook(boom)
+    live = eng.submit_many([good, ask("What is 1 + 2?", max_tokens=10)])
+    for f in live:
+        with pytest.raises(RuntimeError, match="generation failed: RuntimeError: injected"):
+            f.result()
+    handle.remove()
+    assert eng.generate([good])[0] == ref
+    eng.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        eng.submit(good)
 
 
 def test_prompt_longer_than_context(engine):

@@ -1,9 +1,11 @@
 """The PolicyServer's logic without Ray: one engine shared by every episode's concurrent generate calls.
 
-Engines with continuous batching (`VLLMEngine.agenerate`) get each request as it comes: the engine's own
-scheduler batches them step by step. Other engines (`TransformersEngine`) sit behind `PolicyBatcher`, which
-gathers concurrent calls into one `generate` pass. Either way each reply carries the weight version that the
-engine read together with its batch, so a `load_weights` landing mid-batch cannot relabel it.
+Both engines batch continuously (`agenerate`): each request is handed to the engine as it comes, and joins
+the running batch at the engine's next step. `batching="pass"` puts `PolicyBatcher` in front instead, which
+gathers concurrent calls into one `generate` pass at a time (what the transformers engine did before it
+batched continuously; kept to compare the two: benchmarks/serve_throughput.py). Either way each reply
+carries the weight version that the engine read when it admitted the request, so a `load_weights` landing
+mid-batch cannot relabel it.
 
 `actors/policy_server.py` wraps `PolicyService` in a Ray actor; benchmarks drive it directly where Ray is
 not installed.
@@ -138,13 +140,18 @@ class PolicyBatcher:
                     p.future.set_result(out)
 
 
+BATCHING = ("continuous", "pass")
+
+
 class PolicyService:
     """generate / load_weights / version / stats over one engine (see the module docstring)."""
 
     def __init__(self, model_path: str, *, engine: str = "transformers", max_batch: int = 64,
-                 batch_wait_ms: float = 5.0, version: int = 0, **engine_kwargs: Any):
+                 batch_wait_ms: float = 5.0, version: int = 0, batching: str = "continuous", **engine_kwargs: Any):
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.engine = make_engine(engine, model_path, max_batch=max_batch, version=version, **engine_kwargs)
-        self.continuous = hasattr(self.engine, "agenerate")
+        self.continuous = batching == "continuous" and hasattr(self.engine, "agenerate")
         self.batcher = PolicyBatcher(self.engine, max_batch=max_batch, wait_ms=batch_wait_ms)
         self._requests = 0
         self.last_load: dict[str, Any] = {}
@@ -203,6 +210,7 @@ class PolicyService:
     def stats(self) -> dict[str, float]:
         if not self.continuous:
             return self.batcher.stats.summary()
-        steps = self.engine.steps
-        return {"batches": steps, "requests": self._requests,
-                "mean_batch": self.engine.tokens / steps if steps else 0.0, "busy_s": 0.0}
+        # a "batch" is one engine step here: its mean is the rows per forward pass, prefills included
+        steps, tokens = self.engine.steps, self.engine.tokens
+        return {"batches": steps, "requests": self._requests, "tokens": tokens,
+                "mean_batch": tokens / steps if steps else 0.0, "busy_s": 0.0}
