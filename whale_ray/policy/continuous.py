@@ -12,9 +12,11 @@ Rows that finish leave the batch (and the cache) at once; columns that no remain
 
 Why this is exact: attention is a masked sum over cached keys whose RoPE positions were applied before
 caching, so where a row's keys sit in the cache (how much masked padding is before them, which rows share the
-batch) does not change what it attends to; position ids are per row. What can change is float rounding: the
-same sums over differently shaped tensors may be reduced in another order (see tests/test_policy.py's
-batch-composition test for what holds on CPU in float32).
+batch) does not change what it attends to; position ids are per row. What can change is float rounding. On CPU
+in float32 (the tiny policy, SDPA attention) a row's logits are bit for bit the same beside 1 or 7 other rows
+of the same width, but masked padding columns before it move them by ~2e-6 (the attention reduces over a
+longer key axis, in another order): a seeded request joining a batch samples the same tokens unless two are
+that close, and its log-probs agree to ~1e-6 (tests/test_policy.py pins tokens equal, log-probs to 1e-5).
 
 Sampling per row is `sample_rows_top` with the row's own uniforms: `noise[row, k]` is the k-th draw of the
 request's seeded generator, whatever batch the request runs in.

@@ -238,6 +238,13 @@ class TransformersEngine:
     serving the next ones.
     """
 
+    # Newcomers wait up to this many decode steps for company before they join a running batch (an empty batch,
+    # or enough of them to fill it, take them at once). The prefill of one short prompt costs about one decode
+    # step of the whole batch (the tiny policy on 2 CPU cores: 3.3 ms for 1 row of 40 tokens, 3.6 ms for a
+    # 32-row step): callers that come back one by one, as an HTTP endpoint's do, would each pay one, doubling
+    # the forwards; grouped by ~4 they add a quarter. The cost: a newcomer's first token up to 4 steps later.
+    JOIN_WAIT_STEPS = 4
+
     def __init__(
         self, model_path: Path | str, *, device: str = "auto", dtype: str = "auto", max_batch: int = 64, seed: int = 0,
         version: int = 0,
@@ -273,6 +280,7 @@ class TransformersEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._waiting: deque = deque()  # submitted, not admitted yet (no room, or a reload is waiting)
         self._reloads: list[tuple] = []  # load_weights commands, run once nothing is live
+        self._waited = 0  # decode steps the waiting requests have been kept out of a running batch
         self._thread = threading.Thread(target=self._serve, name="transformers-engine", daemon=True)
         self._thread.start()
 
@@ -379,7 +387,10 @@ class TransformersEngine:
             if self._reloads and not batch:
                 self._reload()
             room = self.max_batch - len(batch) if (self._joins or not batch) and not self._reloads else 0
-            newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+            join = room and self._waiting and (not batch or len(self._waiting) >= room
+                                               or self._waited >= self.JOIN_WAIT_STEPS)
+            newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))] if join else []
+            self._waited = 0 if join or not self._waiting else self._waited + 1
             try:
                 if newcomers:
                     batch.admit(newcomers, self._version)
