@@ -102,8 +102,8 @@ class Coordinator:
                 ray.get(self.trainer.load_checkpoint.remote(checkpoint))
         self.policies = [PolicyServer.options(**place.options("policy_server", res.policy_server), **restarts).remote(
             checkpoint or self.base_model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
-            version=state.weight_version, device=p.device, dtype=p.dtype, seed=cfg.seed, **p.engine_options(),
-            weights_from=self.trainer, events_dir=str(run.root)) for _ in range(p.replicas)]
+            batching=p.batching, version=state.weight_version, device=p.device, dtype=p.dtype, seed=cfg.seed,
+            **p.engine_options(), weights_from=self.trainer, events_dir=str(run.root)) for _ in range(p.replicas)]
         self.services = self.domain.start_services(cfg, self.splits, place)
         reserve = {}
         if self.trains:  # an elastic pool leaves the Trainer's workers room to start again in the next phase

@@ -1,7 +1,8 @@
 """PolicyServer: the policy that generates, shared by every episode of every evaluator.
 
-A Ray actor around `whale_ray.policy.serving.PolicyService`: concurrent requests from many episodes are
-batched (by vLLM's scheduler, or gathered into one pass for the transformers engine); new weights arrive from
+A Ray actor around `whale_ray.policy.serving.PolicyService`: concurrent requests from many episodes share
+the engine's running batch (continuous batching; policy.batching "pass": one gathered generate pass at a
+time); new weights arrive from
 the Trainer (a CPU state dict by object ref, or CUDA IPC handles of its GPU buckets when it trains on a GPU:
 whale_ray/policy/weight_sync.py) and are loaded in place, without a restart.
 
@@ -30,9 +31,9 @@ from whale_ray.records import ModelCall, SamplingParams
 class PolicyServer:
     def __init__(self, model_path: str, *, engine: str = "transformers", max_batch: int = 64,
                  batch_wait_ms: float = 5.0, version: int = 0, weights_from: "ray.actor.ActorHandle | None" = None,
-                 events_dir: str | None = None, **engine_kwargs: Any):
+                 events_dir: str | None = None, batching: str = "continuous", **engine_kwargs: Any):
         self._service = PolicyService(model_path, engine=engine, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
-                                      version=version, **engine_kwargs)
+                                      version=version, batching=batching, **engine_kwargs)
         self._trainer = weights_from
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._come_back(weights_from, EventLog(events_dir) if events_dir else None)

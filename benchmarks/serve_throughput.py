@@ -6,7 +6,8 @@ For 1, 8 and 32 concurrent clients (each sends its requests one after another): 
 tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica, the real `openai.AsyncOpenAI`
 client over loopback HTTP) and through `PolicyService` called in this process, with the same engine settings
 and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint /
-in-process, and each side's mean batch per engine pass (the endpoint's from its /health). Then the HTTP path alone (GET /health, no engine work) and the ratio it leaves the endpoint on a
+in-process, and each side's mean batch per engine pass (the endpoint's from its /health); for each
+policy.batching mode (--batching continuous,pass: one deployment each, in turn). Then the HTTP path alone (GET /health, no engine work) and the ratio it leaves the endpoint on a
 machine whose cores it shares with the engine. Last, 8 streams are read while a new checkpoint lands in the
 followed run directory: the longest gap between two chunks of one stream, with and without the swap.
 Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default.
@@ -55,11 +56,11 @@ async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[
             "p99": pct(latencies, 0.99), "batch": (after[1] - before[1]) / max(1, after[0] - before[0])}
 
 
-def in_process_call(model: str, max_tokens: int, wait_ms: float):
+def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str):
     from whale_ray.policy.serving import PolicyService
     from whale_ray.records import SamplingParams
 
-    service = PolicyService(model, device="cpu", batch_wait_ms=wait_ms)
+    service = PolicyService(model, device="cpu", batch_wait_ms=wait_ms, batching=batching)
 
     async def call(seed: int) -> int:
         out = await service.generate(MESSAGES, SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=20,
@@ -68,7 +69,7 @@ def in_process_call(model: str, max_tokens: int, wait_ms: float):
 
     async def counts() -> tuple[int, int]:
         s = service.stats()
-        return s["batches"], s["requests"]
+        return s["batches"], s.get("tokens", s["requests"])  # continuous: rows per engine step
     return call, counts
 
 
@@ -89,7 +90,7 @@ def endpoint_call(url: str, max_tokens: int):
 
         async with httpx2.AsyncClient() as c:
             s = (await c.get(url.removesuffix("/v1") + "/health")).json()["batches"]["whale-latest"]
-        return s["batches"], s["requests"]
+        return s["batches"], s.get("tokens", s["requests"])
     return call, counts
 
 
@@ -163,8 +164,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="policy.batch_wait_ms, both ways")
     ap.add_argument("--rounds", type=int, default=2, help="alternations per level; the best of each is shown")
+    ap.add_argument("--batching", default="continuous,pass",
+                    help="policy.batching modes to measure in turn, both ways (comma-separated)")
+    ap.add_argument("--levels", default="1,8,32", help="concurrent clients (comma-separated)")
     args = ap.parse_args()
-    levels = [1, 8, 32]
+    levels = [int(x) for x in args.levels.split(",")]
+    modes = args.batching.split(",")
     if args.model is None:
         from whale_ray.domain import get_domain
         from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
@@ -181,8 +186,6 @@ def main() -> None:
     from whale_ray.serve.spec import for_run_dir
 
     root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
-    cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms})
-    (root / "config.yaml").write_text(dump_config(cfg))  # as a run writes it
     RunState().save(root)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -191,11 +194,19 @@ def main() -> None:
     # in-process engine (niceness 0 in this process), which is not what is being compared
     os.environ.setdefault("RAY_worker_niceness", "0")
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    url = deploy(for_run_dir(root, args.model, ServeConfig(port=port, replicas=1, replica_cpus=2, max_concurrent=64)))
+    results = {}
     try:
-        local, remote = asyncio.run(side_by_side(in_process_call(args.model, args.max_tokens, args.batch_wait_ms),
-                                                 endpoint_call(url, args.max_tokens), levels,
-                                                 args.requests_per_client, args.rounds))
+        for mode in modes:  # one deployment per mode, the last one also serves the HTTP floor and the swap
+            cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms,
+                                     "policy.batching": mode})
+            (root / "config.yaml").write_text(dump_config(cfg))  # as a run writes it
+            url = deploy(for_run_dir(root, args.model, ServeConfig(port=port, replicas=1, replica_cpus=2,
+                                                                   max_concurrent=64)))
+            results[mode] = asyncio.run(side_by_side(
+                in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode),
+                endpoint_call(url, args.max_tokens), levels, args.requests_per_client, args.rounds))
+            if mode != modes[-1]:
+                undeploy()
 
         def land() -> float:
             t0 = time.perf_counter()
@@ -217,22 +228,24 @@ def main() -> None:
 
     print(f"model {args.model}; {args.requests_per_client} requests per client, max_tokens {args.max_tokens}, "
           f"T 1, top-k 20, the same seeds both ways; endpoint: 1 replica, 2 torch threads, as in process; "
-          f"best of {args.rounds} interleaved rounds each")
-    print(f"{'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
-          f"{'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'req/s ratio':>11} "
-          f"{'tok/s ratio':>11}")
-    for c in levels:
-        a, b = local[c], remote[c]
-        print(f"{c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} {a['p99']:>6.3f} {a['batch']:>5.1f} | "
-              f"{b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} {b['p99']:>6.3f} {b['batch']:>5.1f} | "
-              f"{b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}")
+          f"best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), rows per engine "
+          f"step, prefills included (continuous)")
+    print(f"{'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} "
+          f"{'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
+          f"{'req/s ratio':>11} {'tok/s ratio':>11}")
+    for mode, (local, remote) in results.items():
+        for c in levels:
+            a, b = local[c], remote[c]
+            print(f"{mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} {a['p99']:>6.3f} "
+                  f"{a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} {b['p99']:>6.3f} "
+                  f"{b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}")
     # The HTTP path and the engine share this machine's cores: a request costs 1/in-process of the engine and at
     # least 1/floor beside it, so the endpoint reaches at most floor / (floor + in-process) of in-process.
-    a = local[levels[-1]]["req_s"]
+    a = results[modes[-1]][0][levels[-1]]["req_s"]
     print(f"the HTTP path alone (GET /health, {levels[-1]} clients, no engine work): {floor['req_s']:.1f} req/s; "
           f"sharing the cores with it, the endpoint can reach at most {floor['req_s'] / (floor['req_s'] + a):.2f} "
-          f"of in-process at {levels[-1]} clients")
-    print(f"longest gap between two chunks of a stream (8 streams, 96 tokens): {quiet:.3f} s quiet, "
+          f"of in-process ({modes[-1]}) at {levels[-1]} clients")
+    print(f"longest gap between two chunks of a stream (8 streams, 96 tokens, {modes[-1]}): {quiet:.3f} s quiet, "
           f"{swapped:.3f} s with a checkpoint landing mid-stream ({swapped / quiet:.1f}x); versions seen: "
           f"{', '.join(sorted(p for p in prints if p))}")
 

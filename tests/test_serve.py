@@ -132,8 +132,8 @@ def test_chat_sync_async_and_streaming(served, tiny_policy):
 
     health = httpx2.get(url.removesuffix("/v1") + "/health", timeout=60).json()  # the answering replica's
     assert health["status"] == "ok" and set(health["batches"]) == {"whale-latest", "whale-best"}
-    for s in health["batches"].values():  # engine passes and the requests they held
-        assert s["requests"] >= s["batches"] >= 0 and (s["batches"] == 0 or s["mean_batch"] >= 1)
+    for s in health["batches"].values():  # engine steps and the tokens they sampled (at least one row each)
+        assert s["tokens"] >= s["batches"] >= 0 and (s["batches"] == 0 or s["mean_batch"] >= 1)
 
     # streamed: the deltas join to the non-streamed text, a stop string cuts both the same way
     for stop in (None, ["1"], ["\n\n"]):

@@ -60,7 +60,11 @@ class PolicyConfig(_Strict):
     model: Optional[Path] = None  # a local Hugging Face checkpoint directory; None builds the embedded tiny policy
     engine: Literal["transformers", "vllm"] = "transformers"
     max_batch: int = Field(64, gt=0)
-    batch_wait_ms: float = Field(5.0, ge=0)
+    batch_wait_ms: float = Field(5.0, ge=0)  # batching "pass" only: how long a pass waits for company
+    # continuous: requests join the engine's running batch at its next step and leave it as they finish (both
+    # engines); pass: concurrent calls are gathered into one generate pass at a time (the transformers engine's
+    # old path, kept to compare: benchmarks/serve_throughput.py)
+    batching: Literal["continuous", "pass"] = "continuous"
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     warmstart_steps: int = Field(1200, ge=0)

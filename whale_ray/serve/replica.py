@@ -1,10 +1,10 @@
 """One replica of the endpoint, without Ray: its models, how it follows a run, admission, and the completions.
 
 Each served model is a `PolicyService` (whale_ray/policy/serving.py), so the requests in flight on a replica
-are batched into one engine pass as the run's PolicyServer does.
+share the engine's running batch as the run's PolicyServer's do.
 
-Weight swaps: a new version is loaded with `PolicyService.load_weights`, which waits for the engine pass
-in progress. So **a request in flight finishes on the weights it started with** (all its tokens come from
+Weight swaps: a new version is loaded with `PolicyService.load_weights`, which waits for the requests in
+flight to finish. So **a request in flight finishes on the weights it started with** (all its tokens come from
 one version, the one its reply names); requests that arrive during the swap wait for it and run on the new
 weights. Before each request the replica looks at state.json (one `stat`), so it never answers on weights
 older than a version the run directory already had when the request came.
@@ -37,7 +37,7 @@ class ServedModel:
         self.name, self.follow = source.name, source.follow
         self.service = PolicyService(weights.path, engine=p.engine, max_batch=p.max_batch,
                                      batch_wait_ms=p.batch_wait_ms, version=weights.version, device=p.device,
-                                     dtype=p.dtype)
+                                     dtype=p.dtype, batching=p.batching)
         self.tokenizer = self.service.engine.tokenizer
         self.max_context: int = self.service.engine.max_context
 
