@@ -62,6 +62,8 @@ def test_compare_table_matches_the_runs(small_study, tmp_path, capsys):
     reached = {c: [reach(t, peaks[t["seed"]]) for t in runs] for c, runs in truth.items()}
     markdown = (out / "compare.md").read_text()
     rows = {r["condition"]: r for r in csv.DictReader((out / "compare.csv").open())}
+    flat = sorted(t["seed"] for t in truth["rsft_only"] if t["best_val"][-1] <= t["best_val"][0] + 1e-12)
+    assert (f"seeds {flat}: weight-only never beat (θ0, h0) on val" in markdown) == bool(flat)
     for condition, runs in truth.items():
         tests = [t["test"] for t in runs]
         mean, std = statistics.mean(tests), statistics.stdev(tests)

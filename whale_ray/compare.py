@@ -185,6 +185,9 @@ def compare(runs: list[Run], notes: list[str] | None = None) -> Comparison:
         notes.append("no weight-only (rsft_only) run: rollouts to reach weight-only's best val are not computed")
     elif unmatched := sorted({r.cfg.seed for r in runs} - set(peaks)):
         notes.append(f"seeds {unmatched} have no weight-only run: held to the mean of weight-only's best val, {target:.4f}")
+    if flat := sorted(r.cfg.seed for r in by.get(WEIGHT_ONLY, []) if r.rows[-1].best_val <= r.rows[0].best_val + EPS):
+        notes.append(f"seeds {flat}: weight-only never beat (θ0, h0) on val, so there every run reaches weight-only's "
+                     "best val at 0 rollouts (θ0 already had it)")
     rows = []
     for condition, group in by.items():
         test_mean, test_std = mean_std([r.test for r in group])

@@ -43,6 +43,7 @@ import asyncio
 import concurrent.futures as cf
 import itertools
 import json
+import logging
 import os
 import queue
 import random
@@ -379,11 +380,15 @@ class VLLMEngine:
 
         model = self._core.collective_rpc(_model)[0]
         try:
-            plan, why = CopyPlan.record(model, items) if self.vllm_config.model_config.quantization is None else (None, "a quantized model")
+            if self.vllm_config.model_config.quantization is not None:
+                plan, why = None, "a quantized model (its loaders process the weights)"
+            else:
+                plan, why = CopyPlan.record(model, items)
         except Exception as e:  # a loader that cannot run outside reload_weights: keep reload_weights
             plan, why = None, f"{type(e).__name__}: {e}"
         self._plan = plan
         self.plan_status = f"in use ({len(plan.targets)} copies)" if plan else f"not used: {why}"
+        logging.getLogger(__name__).warning("vLLM reloads: the copy plan is %s", self.plan_status)  # in the actor's log
         if plan is None:
             self._core.collective_rpc("reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True})
 
