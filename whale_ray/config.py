@@ -104,8 +104,8 @@ class WeightPhaseConfig(_Strict):
     # How new weights reach the PolicyServer. object_store: a CPU state dict through the object store.
     # cuda_ipc (when training on a GPU; CPU training keeps the object store): CUDA IPC handles of the Trainer's
     # GPU buckets, copied GPU to GPU by a server on the same host; one on another host fetches them through the
-    # object store once. On the H200 (1.7 B model, 6.9 GB of fp32 state) a load took 0.17 s this way against 78 s
-    # through the object store, and a whole vLLM run with it finished; opt-in until it has run with the
+    # object store once. On the H200 (1.7 B model, 6.9 GB of fp32 state) a load took 0.026-0.029 s this way against
+    # 78 s through the object store, and whole vLLM runs with it finished; opt-in until it has run with the
     # transformers engine and on more than one machine kind.
     weight_sync: Literal["object_store", "cuda_ipc"] = "object_store"
 
