@@ -66,11 +66,15 @@ class RunningBatch:
     def __init__(self, model: Any, tokenizer: Any, eos_ids: list[int], pad_id: int, cache_kw: str,
                  new_cache: Callable[[], Any], device: torch.device):
         self.model, self.tokenizer, self.pad_id, self.cache_kw = model, tokenizer, pad_id, cache_kw
-        self.eos_ids, self._eos = eos_ids, torch.tensor(eos_ids, device=device)
+        self.eos_ids = eos_ids
         self.new_cache, self.device = new_cache, device
         self.vocab = logits_vocab(model)
         self.rows: list[Live] = []
         self.cache: Any = None
+        # per row, on the device: attention [B, T] (the cache's columns; 0 = padding), pos (the next position id),
+        # last (the token sampled last, not in the cache yet), step (tokens sampled), noise [B, S] (its uniforms),
+        # temperature, top_k, top_p
+        self.t: dict[str, torch.Tensor] = {}
         self.forwards = 0  # forward passes, prefills included
         self.sampled = 0  # tokens sampled (rows summed over forwards)
 
@@ -78,7 +82,7 @@ class RunningBatch:
         return len(self.rows)
 
     def clear(self) -> list[Live]:
-        rows, self.rows, self.cache = self.rows, [], None
+        rows, self.rows, self.cache, self.t = self.rows, [], None, {}
         return rows
 
     # -- the two kinds of forward ------------------------------------------------------------------------
@@ -105,7 +109,6 @@ class RunningBatch:
             "temperature": torch.tensor([r.temperature for r in newcomers]),
             "top_k": torch.tensor([r.top_k for r in newcomers], dtype=torch.long),
             "top_p": torch.tensor([r.top_p for r in newcomers]),
-            "budget": torch.tensor([r.budget for r in newcomers], dtype=torch.long),
         }
         new = {k: v.to(dev) for k, v in new.items()}
         if self.rows:
