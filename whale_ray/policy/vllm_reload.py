@@ -32,8 +32,8 @@ def _key(t: torch.Tensor) -> tuple:
 
 
 class _Recorder(TorchFunctionMode):
-    """Sees every torch call of a load: copies of an incoming tensor into a parameter are kept, any other write
-    to a parameter's memory is a problem."""
+    """Sees every torch call of a load: copies of a whole incoming tensor into a parameter and constant fills are
+    kept, any other write to a parameter's memory is a problem."""
 
     WRITES = ("__setitem__",)  # besides in-place methods (a trailing underscore)
     NOT_WRITES = ("requires_grad_", "share_memory_", "retain_grad")
