@@ -94,7 +94,7 @@ def in_process(checkpoint: str, version: int, messages=None, prompt=None, **samp
 
 
 def generate_in_process(checkpoint: str, version: int, messages=None, prompt=None, **sampling):
-    from whale_ray.policy.engine import GenerationRequest, TransformersEngine
+    from whale_ray.policy import GenerationRequest, TransformersEngine
     from whale_ray.records import SamplingParams
 
     engine = TransformersEngine(checkpoint, device="cpu", version=version)

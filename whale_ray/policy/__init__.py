@@ -1,15 +1,10 @@
-"""The policy: the embedded tiny model (tiny.py) and the generation engines (engine.py, vllm_engine.py), by name."""
+"""The policy: the embedded tiny model (tiny.py) and the generation engines (transformers_engine.py,
+vllm_engine.py; their common types in engine.py), by name."""
 
 from pathlib import Path
 from typing import Any
 
-from whale_ray.policy.engine import (
-    Engine,
-    GenerationOutput,
-    GenerationRequest,
-    TransformersEngine,
-    check_request,
-)
+from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request
 from whale_ray.policy.tiny import (
     CheckpointError,
     build_embedded_policy,
@@ -18,6 +13,7 @@ from whale_ray.policy.tiny import (
     load_policy,
     read_build_info,
 )
+from whale_ray.policy.transformers_engine import TransformersEngine
 from whale_ray.policy.vllm_engine import VLLMEngine
 
 ENGINES = ("transformers", "vllm")
