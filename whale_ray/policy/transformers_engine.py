@@ -157,7 +157,6 @@ class TransformersEngine:
     def submit_many(self, requests: list[GenerationRequest]) -> list[cf.Future]:
         """Futures of the requests' GenerationOutputs; ValueError at once when one of them cannot be served
         (then none is submitted). They reach the engine together, so those that fit share one prefill."""
-
         for r in requests:
             check_request(r)
         if not requests:
@@ -219,8 +218,7 @@ class TransformersEngine:
                 if batch:
                     batch.step()
             except Exception as e:  # the engine failed: fail what is live, keep serving what comes next
-                live = batch.clear() + [r for r in newcomers if not r.future.done()]
-                for r in live:
+                for r in batch.clear() + newcomers:  # a newcomer may be in both: answered once
                     if not r.future.done():
                         r.future.set_exception(RuntimeError(f"generation failed: {type(e).__name__}: {e}"))
         for r in self._batch.clear() + list(self._waiting):
