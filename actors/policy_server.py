@@ -55,6 +55,10 @@ class PolicyServer:
     async def load_weights(self, weights: Any, version: int) -> int:
         return await self._service.load_weights(weights, version)
 
+    def release_shared_weights(self) -> None:
+        """Before the Trainer's workers end: drop the views of their GPU memory (weight.weight_sync cuda_ipc)."""
+        self._service.release_shared_weights()
+
     async def sleep(self) -> None:
         await self._service.sleep()
 

@@ -15,10 +15,10 @@ gets the same object ref of the full example list and takes its own shard (see `
 sends the new weights, which the Trainer serves from `latest_weights()`:
 - by default, and always when training on CPU: rank 0 puts the state dict in the object store and the
   Trainer materialises it at once (so the weights outlive the worker that made them);
-- `weight.weight_sync: cuda_ipc`, training on a GPU: rank 0 snapshots its parameters into GPU buckets and
-  sends their CUDA IPC handles (`whale_ray.policy.weight_sync.SharedWeights`); a PolicyServer on the same
-  host copies them straight into its engine, one that cannot see that GPU fetches them through the object
-  store once (`host_weights`). The handles are only good while the Ray Train run lives: when it ends
+- `weight.weight_sync: cuda_ipc`, training on a GPU: rank 0 sends the CUDA IPC handles of its parameters
+  themselves (`whale_ray.policy.weight_sync.SharedWeights`, made once per Ray Train run); a PolicyServer on
+  the same host copies from them straight into its engine, one that cannot see that GPU fetches them through
+  the object store once (`host_weights`). The handles are only good while the Ray Train run lives: when it ends
   (released, failed) the Trainer forgets them, and a `latest_weights` after that starts a new run from the
   last saved state (that same version).
 
@@ -52,7 +52,7 @@ import torch
 
 from whale_ray.config import WeightPhaseConfig
 from whale_ray.events import EventLog
-from whale_ray.policy.weight_sync import SharedWeights
+from whale_ray.policy.weight_sync import Sharer, SharedWeights
 from whale_ray.resources import ResourcesConfig
 from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
 
@@ -154,19 +154,14 @@ def train_loop_per_worker(config: dict) -> None:
     def reply(seq: int, kind: str, **data: Any) -> None:
         outbox.put({"rank": rank, "seq": seq, "kind": kind, **data})
 
-    shared: list[torch.Tensor] = []  # rank 0: the GPU buckets of the version it last shared
+    sharer = Sharer()  # rank 0: its parameters' IPC handles, made once for this run (weight_sync's docstring)
 
     def weights_ref() -> Any:
         if rank != 0:
             return None
         if config.get("weight_sync") != "cuda_ipc" or learner.device.type != "cuda":
             return ray.put(learner.state_dict())
-        from whale_ray.policy.weight_sync import share
-
-        # the last version's buckets are overwritten: the server has loaded it by now (weight_sync's docstring)
-        weights, buckets = share(learner.model.state_dict(), learner.step, buckets=shared)
-        shared[:] = buckets
-        return weights
+        return sharer.share(learner.model.state_dict(), learner.step)
 
     def give_back_cache() -> None:
         # a sleeping vLLM on this GPU wakes into the memory the step used: hand it back to the driver

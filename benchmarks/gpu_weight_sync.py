@@ -8,7 +8,7 @@ handles.
 
 First a ladder of CUDA IPC steps, each bounded and printed as it ends, so that one run tells apart where a hang
 lies (the first run of this benchmark hung somewhere in its weight-sync part, with nothing printed):
-  share       the worker's snapshot into GPU buckets and their handles, fetched by the driver;
+  share       the handles of the worker's tensors themselves (no copy), fetched by the driver;
   open/plain  a plain Ray actor opens the handles and checksums the tensors (IPC between Ray actors, no vLLM);
   open/server the same inside the PolicyServer's process (vLLM and its engine thread there), in a thread;
   engine      VLLMEngine.load_weights of the opened tensors in the server's process, in a thread (no asyncio);
@@ -116,7 +116,9 @@ class FakeTrainerWorker:
         dump_stacks_now_and_then()
         files = sorted(Path(model).glob("*.safetensors"))
         self.state = {k: v.to("cuda", torch.float32) for f in files for k, v in load_file(str(f)).items()}
-        self.buckets: list = []
+        from whale_ray.policy.weight_sync import Sharer
+
+        self.sharer = Sharer()
         self.dst = None
         self.snapshot_s = 0.0
 
@@ -136,10 +138,8 @@ class FakeTrainerWorker:
         torch.cuda.synchronize()
 
     def share(self, version: int, uuid: str | None = None, fallback=None):
-        from whale_ray.policy.weight_sync import share
-
         t0 = time.perf_counter()
-        w, self.buckets = share(self.state, version, buckets=self.buckets)
+        w = self.sharer.share(self.state, version)  # handles made at the first call; later ones only synchronize
         self.snapshot_s = time.perf_counter() - t0
         if uuid is not None:  # a server that cannot see this GPU
             w = dataclasses.replace(w, gpu_uuid=uuid, fallback=fallback)
@@ -191,18 +191,17 @@ def open_and_checksum(w, timeout: float) -> dict:
         t0 = time.perf_counter()
         state = materialize(w, w.version)
         t1 = time.perf_counter()
-        return {"open_s": t1 - t0, "checksum": checksum(state[s.name] for s in _distinct(w))}
+        return {"open_s": t1 - t0, "checksum": checksum(state[name] for name in _distinct(w))}
 
     return in_thread(go, timeout)
 
 
-def _distinct(w):
-    seen, out = set(), []
-    for s in w.slots:
-        if (s.bucket, s.offset) not in seen:
-            seen.add((s.bucket, s.offset))
-            out.append(s)
-    return out
+def _distinct(w) -> list[str]:
+    """One name per distinct tensor (a tied head once): by IPC handle, storage offset, tensor offset and shape."""
+    seen: dict[tuple, str] = {}
+    for name, args in w.handles:
+        seen.setdefault((args[7], args[9], args[3], tuple(args[1])), name)
+    return list(seen.values())
 
 
 @ray.remote(num_cpus=0)
@@ -460,7 +459,7 @@ def main() -> None:
         lad = R.setdefault("ladder", {})
         n = next_version()
         wref = worker.share.remote(n)
-        w = get(wref, "share (producer snapshot + handles)", who="worker")
+        w = get(wref, "share (producer handles)", who="worker")
         lad["share"] = {"handles": len(w.handles), "nbytes": w.nbytes, "snapshot_s": get(worker.last_snapshot_s.remote())}
         want = get(worker.checksum.remote())
         if step("open/plain", get(opener.open.remote(wref, T), "open/plain call", timeout=T + 15, who="opener"), lad):
@@ -595,12 +594,12 @@ def report(R: dict, nbytes: int) -> None:
         print(f"raw device-to-device copy of the same bytes: {raw * 1e3:.1f} ms ({2 * nbytes / raw / 1e12:.2f} TB/s r+w)")
         print("| path | seconds (each call) | best | best / raw copy |")
         print("|---|---|---|---|")
-        for key, name in (("ipc", "CUDA IPC buckets, PolicyServer.load_weights"),
+        for key, name in (("ipc", "CUDA IPC of the parameters, PolicyServer.load_weights"),
                           ("store", "object store, 3 hops (the CPU path)"),
                           ("fallback", "IPC fallback: object store once"),
                           ("reload", "vLLM reload_weights alone, fp32 on its GPU"),
                           ("reload_plan", "the recorded copy plan alone, fp32 on its GPU"),
-                          ("snapshot", "  of ipc: the worker's snapshot copy")):
+                          ("snapshot", "  of ipc: the worker's share (synchronize; handles at the first)")):
             if key in R:
                 xs = R[key]
                 print(f"| {name} | {' / '.join(f'{x:.3f}' for x in xs)} | {min(xs):.3f} | {min(xs) / raw:.1f}x |")

@@ -66,6 +66,9 @@ class Policy:
         self.loaded.append((weights, version))
         return version
 
+    def release_shared_weights(self):
+        pass
+
 
 class Trainer:
     def __init__(self):
@@ -273,8 +276,13 @@ def resumed_trainer(cfg) -> Trainer:
 def test_trainer_workers_are_released_after_each_weight_phase_when_asked(release, expected, tmp_path):
     cfg = small_config(tmp_path / "run", condition="whale", weight__release_workers=release)  # CPU: None is off
     loop, roles = make_loop(cfg)
+    order = []  # the server lets go of the workers' GPU memory before they end (weight_sync's docstring)
+    roles.policy.release_shared_weights = lambda: order.append("policy lets go")
+    release = roles.trainer.release_workers
+    roles.trainer.release_workers = lambda: (order.append("workers end"), release())
     loop.run()
     assert getattr(roles.trainer, "released", 0) == expected
+    assert order == ["policy lets go", "workers end"] * expected
 
 
 def test_the_report_names_the_runs_k(tmp_path):

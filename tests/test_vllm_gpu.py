@@ -238,35 +238,57 @@ def test_a_long_completion_never_holds_back_a_short_one(engines, policy, tmp_pat
     v.close()
 
 
-def test_shared_weights_open_in_another_process_and_follow_each_version(tmp_path):
-    """CUDA IPC buckets (whale_ray/policy/weight_sync.py): another process opens them and reads exactly the
-    producer's tensors, tied names included; the next version overwrites the same buckets."""
+READER = """
+import json, pickle, sys, torch
+from whale_ray.policy.weight_sync import SharedReader, materialize
+reader = SharedReader()
+for path in sys.stdin:
+    w = pickle.load(open(path.strip(), 'rb'))
+    s = materialize(w, w.version, reader)
+    print(json.dumps({"views": id(s), "sums": {k: [float(t.double().sum()), str(t.dtype), list(t.shape)]
+                                              for k, t in s.items()}}), flush=True)
+"""
+
+
+def test_shared_weights_are_read_in_another_process_and_follow_each_version(tmp_path):
+    """CUDA IPC handles of the producer's tensors themselves (whale_ray/policy/weight_sync.py): another process
+    reads exactly the producer's tensors, tied names included; while they stay where they are, each version
+    reuses what the reader opened and sees the values written in place since; a tensor that moved gets new
+    handles under a new key."""
     import pickle
     import subprocess
     import sys
 
-    from whale_ray.policy.weight_sync import materialize, share
+    from whale_ray.policy.weight_sync import Sharer, materialize
 
     emb = torch.randn(1000, 64, device="cuda")
     state = {"model.embed_tokens.weight": emb, "lm_head.weight": emb,
              "model.norm.weight": torch.randn(64, device="cuda", dtype=torch.bfloat16),
              "model.layers.0.mlp.up_proj.weight": torch.randn(256, 64, device="cuda")}
-    child = ("import json, pickle, sys, torch; from whale_ray.policy.weight_sync import materialize; "
-             "w = pickle.load(open(sys.argv[1], 'rb')); s = materialize(w, w.version); "
-             "print(json.dumps({k: [float(t.double().sum()), str(t.dtype), list(t.shape)] for k, t in s.items()}))")
-    buckets = None
-    for version in (1, 2):
-        w, buckets = share(state, version, buckets=buckets, bucket_bytes=300_000)  # more than one bucket
-        assert len(w.handles) >= 2 and w.nbytes < sum(t.numel() * t.element_size() for t in state.values())
-        (tmp_path / "w.pkl").write_bytes(pickle.dumps(w))
-        got = json.loads(subprocess.run([sys.executable, "-c", child, str(tmp_path / "w.pkl")], check=True,
-                                        capture_output=True, text=True).stdout.splitlines()[-1])
-        want = {k: [float(t.double().sum()), str(t.dtype), list(t.shape)] for k, t in state.items()}
-        assert got == want
-        for t in state.values():
-            t.mul_(2)  # the next version differs; the buckets still hold this one until share() again
-    with pytest.raises(ValueError, match="version 2, not 3"):
-        materialize(w, 3)
+    sharer = Sharer()
+    child = subprocess.Popen([sys.executable, "-c", READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for version in (1, 2, 3):
+            if version == 3:  # a tensor in new memory: the handles are made again
+                state["model.norm.weight"] = state["model.norm.weight"].clone()
+            w = sharer.share(state, version)
+            assert w.nbytes == sum(t.numel() * t.element_size() for k, t in state.items() if k != "lm_head.weight")
+            (tmp_path / f"w{version}.pkl").write_bytes(pickle.dumps(w))
+            child.stdin.write(f"{tmp_path / f'w{version}.pkl'}\n")
+            child.stdin.flush()
+            got = json.loads(child.stdout.readline())
+            want = {k: [float(t.double().sum()), str(t.dtype), list(t.shape)] for k, t in state.items()}
+            assert got["sums"] == want
+            seen.append((w.key, got["views"]))
+            for t in state.values():
+                t.mul_(2)  # the next version differs, written in place as an optimizer step writes
+        assert seen[0] == seen[1] and seen[2][0] != seen[1][0]  # one key and one set of views until a tensor moved
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    with pytest.raises(ValueError, match="version 3, not 4"):
+        materialize(w, 4)
 
 
 def test_sleep_levels_free_memory_and_wake_on_the_same_weights(policy):
@@ -311,18 +333,18 @@ PRODUCER = """
 import pickle, sys, torch
 from safetensors.torch import load_file
 from pathlib import Path
-from whale_ray.policy.weight_sync import share
+from whale_ray.policy.weight_sync import Sharer
 state = {k: t.to("cuda", torch.float32) * 0.9 for f in sorted(Path(sys.argv[1]).glob("*.safetensors"))
          for k, t in load_file(str(f)).items()}  # a float32 Trainer state, not the checkpoint's weights
-w, buckets = share(state, int(sys.argv[3]))
+w = Sharer().share(state, int(sys.argv[3]))
 Path(sys.argv[2]).write_bytes(pickle.dumps(w))
 print("ready", flush=True)
-sys.stdin.read()  # keeps the buckets alive until the consumer is done
+sys.stdin.read()  # keeps the tensors alive until the consumer is done
 """
 
 
 def test_shared_weights_load_into_vllm_like_the_same_weights_sent_directly(engines, policy, tmp_path):
-    """Another process's CUDA IPC buckets go into VLLMEngine in place (no Ray): greedy outputs equal those after
+    """Another process's tensors go into VLLMEngine by CUDA IPC, in place (no Ray): greedy outputs equal those after
     loading the same weights from this process's own GPU tensors."""
     import concurrent.futures as cf
     import pickle

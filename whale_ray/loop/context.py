@@ -19,6 +19,7 @@ from whale_ray.records import EpisodeJob, EpisodeResult, Task
 
 class Policy(Protocol):
     def load_weights(self, weights: Any, version: int) -> int: ...  # wakes a sleeping server
+    def release_shared_weights(self) -> None: ...  # lets go of the Trainer's GPU memory before its workers end
     # only with policy.sleep_level > 0 (vLLM's sleep mode around each Trainer step):
     def sleep(self) -> None: ...
     def wake_up(self) -> int: ...

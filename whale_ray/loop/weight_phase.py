@@ -110,6 +110,7 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         checkpoint(ctx)
     ctx.run.commit()
     if trainer is not None and cfg.release_workers_after_phase:
+        ctx.roles.policy.release_shared_weights()  # views of the workers' GPU memory (weight.weight_sync cuda_ipc)
         trainer.release_workers()  # the harness phase needs no trainer: its CPUs/GPUs go back to the cluster
 
 

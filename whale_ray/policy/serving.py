@@ -23,7 +23,7 @@ import torch
 
 from whale_ray.policy import make_engine
 from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request
-from whale_ray.policy.weight_sync import SharedWeights, materialize
+from whale_ray.policy.weight_sync import SharedReader, SharedWeights, materialize
 from whale_ray.records import ModelCall, SamplingParams
 
 
@@ -155,6 +155,7 @@ class PolicyService:
         self.batcher = PolicyBatcher(self.engine, max_batch=max_batch, wait_ms=batch_wait_ms)
         self._requests = 0
         self.last_load: dict[str, Any] = {}
+        self._shared = SharedReader()  # the Trainer's parameters, opened once per Ray Train run (cuda_ipc)
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
         request = GenerationRequest(messages, sampling)
@@ -170,7 +171,7 @@ class PolicyService:
         return await self.engine.agenerate(request)
 
     async def load_weights(self, weights: Any, version: int) -> int:
-        """`weights`: a state dict, or the Trainer's `SharedWeights` (opened here, or fetched once through the
+        """`weights`: a state dict, or the Trainer's `SharedWeights` (read here, or fetched once through the
         object store where this process cannot see their GPU)."""
         # Off the event loop: the engine waits for the requests in flight to finish on the old weights.
         await asyncio.get_running_loop().run_in_executor(None, self.load_weights_now, weights, version)
@@ -178,16 +179,20 @@ class PolicyService:
 
     def load_weights_now(self, weights: Any, version: int) -> None:
         t0 = time.perf_counter()
-        state = materialize(weights, version)
+        state = materialize(weights, version, self._shared)
         t1 = time.perf_counter()
         self.engine.load_weights(state, version)
         if isinstance(weights, SharedWeights) and torch.cuda.is_available():
-            torch.cuda.synchronize()  # the engine's copies out of the Trainer's buckets are done before we drop them
+            torch.cuda.synchronize()  # the engine's copies out of the Trainer's parameters end before it steps again
         del state
-        # where the time of the last load went (benchmarks/gpu_weight_sync.py reads it): opening the handles or
-        # fetching the fallback, then the engine's reload
+        # where the time of the last load went (benchmarks/gpu_weight_sync.py reads it): opening the handles (the
+        # first version of a Ray Train run) or fetching the fallback, then the engine's reload
         self.last_load = {"version": version, "shared": isinstance(weights, SharedWeights),
                           "materialize_s": t1 - t0, "engine_s": time.perf_counter() - t1}
+
+    def release_shared_weights(self) -> None:
+        """Let go of the Trainer's GPU memory opened by `load_weights` (before its workers end)."""
+        self._shared.close()
 
     async def sleep(self) -> None:
         """The engine's sleep mode (vLLM with sleep_level > 0) until `wake_up` or `load_weights`; else nothing."""
