@@ -6,9 +6,11 @@ request seeded, processed log-probs) through:
   vllm      vLLM 0.26 in-process (`vllm.LLM.generate`, CUDA graphs), the same prompts and sampling; and the same
             batches unseeded, greedy without log-probs, and with max_tokens 1 (prefill alone), to show from
             measurements what holds it below the roofline;
-  server    whale-ray's PolicyService on VLLMEngine (the PolicyServer actor's code, without Ray: Ray is not on
-            the GPU image), B concurrent asyncio clients, one request each; and its own costs (the same batch
-            through VLLMEngine.generate from one thread, chat template + tokenisation, engine steps, a stop string);
+  ray       the PolicyServer actor on VLLMEngine through Ray (the episodes' path: B concurrent `generate` calls,
+            one request each), alternating with the same batch inside the actor's process;
+  server    whale-ray's PolicyService on VLLMEngine (the PolicyServer actor's code, without Ray), B concurrent
+            asyncio clients, one request each; and its own costs (the same batch through VLLMEngine.generate
+            from one thread, chat template + tokenisation, engine steps, a stop string);
   hf        TransformersEngine (bf16, one batched generate) with --hf-new tokens (64: it decodes ~10 steps/s);
 and, on the server: the latency of short requests submitted while long ones run (continuous batching), and
 the weight sync of the whole model (GPU state dict -> VLLMEngine.load_weights, and from pinned CPU tensors)
@@ -21,7 +23,7 @@ tokens/s counts completion tokens over wall time, prefill included. Roofline tok
 B x HBM bandwidth (a measured device copy) / bytes read per decode step (all weights + the KV cache of B
 sequences at their mean length).
 
-    python benchmarks/gpu_engines.py --tokenizer PATH/TO/CHECKPOINT [--parts vllm,server,hf,sync]
+    python benchmarks/gpu_engines.py --tokenizer PATH/TO/CHECKPOINT [--parts vllm,ray,server,hf,sync]
 """
 
 from __future__ import annotations
@@ -228,6 +230,56 @@ def part_server(a) -> dict:
     return res
 
 
+def _in_actor(actor_self, reqs) -> tuple[int, float]:
+    """The same batch inside the PolicyServer's process: asyncio clients of its PolicyService, no Ray call in
+    between (`__ray_call__` runs a plain function on a thread of the actor, so it gets an event loop of its own)."""
+    svc = actor_self._service
+
+    async def clients():
+        return await asyncio.gather(*(svc.generate(r.messages, r.sampling) for r in reqs))
+
+    t0 = time.perf_counter()
+    outs = asyncio.run(clients())
+    return sum(len(o.completion_ids) for o in outs), time.perf_counter() - t0
+
+
+def part_ray(a) -> dict:
+    """The PolicyServer actor on VLLMEngine, as the episodes call it: B concurrent `generate` calls through Ray,
+    one request each; alternating with the same batch submitted inside the actor's process (asyncio clients there),
+    REPEATS + 1 runs of each, so both columns see the same GPU and the same moment."""
+    import ray
+
+    from actors.policy_server import PolicyServer
+    from whale_ray.policy.tiny import load_tokenizer
+
+    prompts = Prompts(load_tokenizer(a.model), a.prompt)
+    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    server = PolicyServer.options(num_gpus=1, num_cpus=1).remote(
+        str(a.model), engine="vllm", max_batch=256, dtype="bfloat16", gpu_memory_utilization=0.6)
+    ray.get(server.version.remote(), timeout=300)  # up (vLLM's start and CUDA graph capture)
+
+    def through_ray(reqs) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        calls = ray.get([server.generate.remote(r.messages, r.sampling) for r in reqs])
+        return sum(len(c.completion_ids) for c in calls), time.perf_counter() - t0
+
+    def in_actor(reqs) -> tuple[int, float]:
+        return ray.get(server.__ray_call__.remote(_in_actor, reqs))
+
+    res = {}
+    for b in BATCHES:
+        through_ray(prompts.take(b, 16))  # warm-up at this batch size (see part_vllm)
+        runs = {"ray": [], "actor": []}
+        for _ in range(REPEATS + 1):
+            for path, fn in (("ray", through_ray), ("actor", in_actor)):
+                n, t = fn(prompts.take(b, a.new))
+                runs[path].append(n / t)
+        res[b], res[f"{b}_all"] = max(runs["ray"]), runs["ray"]
+        res[f"{b}_actor"], res[f"{b}_actor_all"] = max(runs["actor"]), runs["actor"]
+    ray.shutdown()
+    return res
+
+
 def part_hf(a) -> dict:
     """TransformersEngine, with --hf-new tokens (fewer than the others: at ~10 decode steps/s it would not fit the
     device call otherwise); its roofline column uses its own context length."""
@@ -278,7 +330,7 @@ def part_sync(a) -> dict:
     return res
 
 
-PART_TIMEOUT = {"vllm": 170, "server": 170, "hf": 110, "sync": 100}  # seconds; all four fit one 10-minute device call
+PART_TIMEOUT = {"vllm": 170, "server": 170, "ray": 200, "hf": 110, "sync": 100}  # seconds
 
 
 def orchestrate(a) -> None:
@@ -322,15 +374,25 @@ def orchestrate(a) -> None:
           f"has prompts never seen before and follows a warm-up at its own batch size")
     print(f"{'tokens/s (share of the roofline)':<44}" + "".join(f"{'batch ' + str(b):>22}" for b in BATCHES))
     print(f"{'roofline':<44}" + "".join(f"{roof(b, a.new):>15,.0f} tok/s " for b in BATCHES))
-    v, srv, hf = results.get("vllm"), results.get("server"), results.get("hf")
+    v, srv, hf, rs = results.get("vllm"), results.get("server"), results.get("hf"), results.get("ray")
     if v:
         row(f"vLLM 0.26 in-process (LLM.generate, best of {REPEATS})", v)
+    if rs:
+        row(f"PolicyServer through Ray (best of {REPEATS + 1})", rs)
+        row(f"  the same batch inside its process", rs, "_actor")
     if srv:
         row(f"PolicyService on VLLMEngine (best of {REPEATS})", srv)
     if hf:
         print(f"{'roofline at ' + str(a.hf_new) + ' new tokens':<44}"
               + "".join(f"{roof(b, a.hf_new):>15,.0f} tok/s " for b in BATCHES))
         row(f"TransformersEngine ({a.hf_new} new tokens)", hf, new=a.hf_new)
+    if v and rs:
+        ratio("PolicyServer through Ray / vLLM in-process", rs, "", v, "")
+    if rs:
+        ratio("  through Ray / inside its process", rs, "", rs, "_actor")
+        print(f"{'  every run through Ray / inside (tok/s)':<44}" + "".join(
+            f"{' / '.join(f'{x:,.0f}' for x in rs[f'{b}_all']):>22}" for b in BATCHES))
+        print(f"{'':<44}" + "".join(f"{' / '.join(f'{x:,.0f}' for x in rs[f'{b}_actor_all']):>22}" for b in BATCHES))
     if v and srv:
         ratio("server / vLLM in-process", srv, "", v, "")
     if v and hf:
@@ -381,7 +443,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", type=Path, help="a checkpoint whose tokenizer and chat template to use")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/qwen3-1p7b-random"))
-    ap.add_argument("--parts", default="vllm,server,hf,sync")
+    ap.add_argument("--parts", default="vllm,ray,server,hf,sync")
     ap.add_argument("--part")
     ap.add_argument("--model", type=Path)
     ap.add_argument("--prompt", type=int, default=256)
@@ -389,7 +451,7 @@ def main() -> None:
     ap.add_argument("--hf-new", type=int, default=64, help="new tokens for TransformersEngine (slow)")
     a = ap.parse_args()
     if a.part:
-        res = {"vllm": part_vllm, "server": part_server, "hf": part_hf, "sync": part_sync}[a.part](a)
+        res = {"vllm": part_vllm, "server": part_server, "ray": part_ray, "hf": part_hf, "sync": part_sync}[a.part](a)
         print("RESULT " + json.dumps(res), flush=True)
         import os
 
