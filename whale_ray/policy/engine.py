@@ -11,6 +11,7 @@ continuous batching over whale_ray/policy/continuous.py) and `VLLMEngine` (whale
 
 from __future__ import annotations
 
+import queue
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
@@ -91,6 +92,22 @@ def check_request(request: GenerationRequest) -> None:
         raise ValueError(f"seed must be an integer or None, got {s.seed!r}")
     if not isinstance(s.top_logprobs, int) or not 0 <= s.top_logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {s.top_logprobs!r}")
+
+
+def drain_commands(commands: queue.SimpleQueue, block: bool, take: Callable[[tuple], None]) -> bool:
+    """An engine thread's inbox: hands every queued command to `take` (waiting for the first when `block`);
+    False once a ("close",) comes."""
+    try:
+        cmd = commands.get() if block else commands.get_nowait()
+    except queue.Empty:
+        return True
+    while cmd[0] != "close":
+        take(cmd)
+        try:
+            cmd = commands.get_nowait()
+        except queue.Empty:
+            return True
+    return False
 
 
 def encode_prompts(tokenizer: Any, requests: list[GenerationRequest]) -> list[list[int]]:

@@ -31,6 +31,7 @@ from whale_ray.policy.engine import (
     GenerationRequest,
     StopMatcher,
     check_request,
+    drain_commands,
     encode_prompts,
     eos_token_ids,
 )
@@ -204,7 +205,7 @@ class TransformersEngine:
 
     def _serve(self) -> None:
         batch = self._batch
-        while self._take_commands(block=not batch and not self._waiting and not self._reloads):
+        while drain_commands(self._commands, not batch and not self._waiting and not self._reloads, self._take):
             if self._reloads and not batch:
                 self._reload()
             room = self.max_batch - len(batch) if (self._joins or not batch) and not self._reloads else 0
@@ -224,23 +225,11 @@ class TransformersEngine:
         for r in self._batch.clear() + list(self._waiting):
             r.future.set_exception(RuntimeError("TransformersEngine closed"))
 
-    def _take_commands(self, block: bool) -> bool:
-        """Handle every queued command (waiting for one when `block`); False once asked to close."""
-        try:
-            cmd = self._commands.get() if block else self._commands.get_nowait()
-        except queue.Empty:
-            return True
-        while True:
-            if cmd[0] == "close":
-                return False
-            if cmd[0] == "reload":
-                self._reloads.append(cmd)
-            else:
-                self._waiting.extend(cmd[1])
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return True
+    def _take(self, cmd: tuple) -> None:
+        if cmd[0] == "reload":
+            self._reloads.append(cmd)
+        else:
+            self._waiting.extend(cmd[1])
 
     def _reload(self) -> None:
         for _, state, version, done in self._reloads:

@@ -61,6 +61,7 @@ from whale_ray.policy.engine import (
     StopMatcher,
     check_request,
     decode_completion,
+    drain_commands,
     encode_prompts,
     eos_token_ids,
 )
@@ -277,7 +278,7 @@ class VLLMEngine:
             return
         self._ready.set()
         while True:
-            if not self._take_commands(block=not self._live and not self._reloads):
+            if not drain_commands(self._commands, not self._live and not self._reloads, self._take):
                 break
             if self._reloads and not self._live:
                 self._reload()
@@ -296,25 +297,13 @@ class VLLMEngine:
         for live in self._live.values():
             live.future.set_exception(RuntimeError("VLLMEngine closed"))
 
-    def _take_commands(self, block: bool) -> bool:
-        """Handle every queued command (waiting for one when `block`); False once asked to close."""
-        try:
-            cmd = self._commands.get() if block else self._commands.get_nowait()
-        except queue.Empty:
-            return True
-        while True:
-            if cmd[0] == "close":
-                return False
-            if cmd[0] in ("reload", "sleep", "wake"):
-                self._reloads.append(cmd)
-            elif self._reloads or self._asleep:
-                self._held.append(cmd)
-            else:
-                self._admit(cmd)
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return True
+    def _take(self, cmd: tuple) -> None:
+        if cmd[0] in ("reload", "sleep", "wake"):
+            self._reloads.append(cmd)
+        elif self._reloads or self._asleep:
+            self._held.append(cmd)
+        else:
+            self._admit(cmd)
 
     def _admit(self, cmd: tuple) -> None:
         _, rid, live, params = cmd
