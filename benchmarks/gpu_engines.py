@@ -379,7 +379,7 @@ def orchestrate(a) -> None:
         row(f"vLLM 0.26 in-process (LLM.generate, best of {REPEATS})", v)
     if rs:
         row(f"PolicyServer through Ray (best of {REPEATS + 1})", rs)
-        row(f"  the same batch inside its process", rs, "_actor")
+        row("  the same batch inside its process", rs, "_actor")
     if srv:
         row(f"PolicyService on VLLMEngine (best of {REPEATS})", srv)
     if hf:
