@@ -3,7 +3,12 @@
 # needs on the H200 image beyond torch and vLLM (../shared/gpu/vllm_prepare.sh brings vLLM): Ray 2.60 for
 # Python 3.12 trimmed (no Java jars, RLlib, Ray LLM or the dashboard's web build; binaries stripped of symbols),
 # the pure wheels that Ray, the proposers and the chess domain import and the image lacks, and bubblewrap for
-# the sandbox. Leaves three ignored folders, one per device call beside the vLLM parts (each call carries at
+# the sandbox. Ray Serve (the endpoint, benchmarks/serve_throughput.py) needs beyond the image and vLLM's wheels
+# (fastapi, starlette, pydantic, openai, httpx2): uvicorn (the proxy; httptools, its fast HTTP parser, as
+# uvicorn[standard] brings it), annotated-doc (fastapi 0.136 imports it), grpcio-reflection (ray.serve imports it;
+# 1.62.3 is the newest whose generated code has no protobuf version check, so the image's protobuf takes it),
+# and for the openai client httpcore2 and truststore (httpx2's) and jiter. Checked here in a Python 3.12 venv
+# with only the image's packages, ray --no-deps and these: serve.run, JSON and SSE replies, the openai client. Leaves three ignored folders, one per device call beside the vLLM parts (each call carries at
 # most 64 MiB): .rw/c0 (wheels, bwrap), .rw/c1 and .rw/c2 (the two halves of ray.tar.xz). Prints the sha256
 # that scripts/gpu/assemble.sh checks there.
 set -euo pipefail
@@ -14,7 +19,9 @@ P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --pla
 rm -rf .rw && mkdir -p .rw/dl .rw/c0/deps .rw/c0/bin .rw/c1 .rw/c2 .rw/x
 $PY -m pip download -q $P -d .rw/dl ray==2.60.0
 $PY -m pip download -q $P -d .rw/c0/deps jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
-  rpds-py==2026.9.1 libcst==1.9.0 tensorboardX==2.6.5
+  rpds-py==2026.9.1 libcst==1.9.0 tensorboardX==2.6.5 \
+  uvicorn==0.54.0 httptools==0.9.0 annotated-doc==0.0.7 grpcio-reflection==1.62.3 \
+  httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0
 $PY -m pip wheel -q --no-deps -w .rw/c0/deps chess==1.11.2   # an sdist only: built here (pure Python)
 (cd .rw && apt-get download bubblewrap && dpkg -x bubblewrap_*.deb bw && cp bw/usr/bin/bwrap c0/bin/)
 cd .rw/x
