@@ -6,11 +6,12 @@
 # the sandbox. Ray Serve (the endpoint, benchmarks/serve_throughput.py) needs beyond the image and vLLM's wheels
 # (fastapi, starlette, pydantic, openai, httpx2): uvicorn (the proxy; httptools, its fast HTTP parser, as
 # uvicorn[standard] brings it), annotated-doc (fastapi 0.136 imports it), grpcio-reflection (ray.serve imports it;
-# 1.62.3 is the newest whose generated code has no protobuf version check, so the image's protobuf takes it),
-# and for the openai client httpcore2 and truststore (httpx2's) and jiter. Checked here in a Python 3.12 venv
-# with only the image's packages, ray --no-deps and these: serve.run, JSON and SSE replies, the openai client. Leaves three ignored folders, one per device call beside the vLLM parts (each call carries at
-# most 64 MiB): .rw/c0 (wheels, bwrap), .rw/c1 and .rw/c2 (the two halves of ray.tar.xz). Prints the sha256
-# that scripts/gpu/assemble.sh checks there.
+# 1.62.3's generated code has no protobuf version check, 1.71's wants protobuf 5, 1.85's 7: the image's protobuf,
+# which Ray's own generated code runs on, takes 1.62.3), and for the openai client httpcore2 and truststore
+# (httpx2's) and jiter. Checked here in a Python 3.12 venv with only the image's packages, vLLM's wheels, ray
+# --no-deps and these: serve.run, JSON and SSE replies, the openai client. Leaves three ignored folders, one per
+# device call beside the vLLM parts (each call carries at most 64 MiB): .rw/c0 (wheels, bwrap), .rw/c1 and .rw/c2
+# (the two halves of ray.tar.xz). Prints the sha256 that scripts/gpu/assemble.sh checks there.
 set -euo pipefail
 grep -qx '/.rw/' .git/info/exclude || echo '/.rw/' >> .git/info/exclude
 PY=${PY:-.venv/bin/python}
