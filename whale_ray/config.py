@@ -87,6 +87,17 @@ class PolicyConfig(_Strict):
         return {"gpu_memory_utilization": self.gpu_memory_utilization, "sleep_level": self.sleep_level}
 
 
+class WeightBroadcastConfig(_Strict):
+    """`weight.weight_sync: broadcast`: the group of the Trainer's rank 0 and the PolicyServer replicas
+    (whale_ray/policy/weight_broadcast.py, actors/weight_broadcast.py)."""
+
+    # A member that does not take its part within this fails the broadcast, named; that version then reaches the
+    # replicas through the object store and the next one rebuilds the group.
+    timeout_s: float = Field(60.0, gt=0)
+    bucket_mb: int = Field(512, gt=0)  # one broadcast per bucket: a few large ones, not one per tensor
+    port: int = Field(0, ge=0, le=65535)  # the group's TCPStore, on the Coordinator's node; 0: any free port
+
+
 class WeightPhaseConfig(_Strict):
     # Sampling (temperature, top-k) is the harness' to decide: it is part of the agent being optimised.
     samples_per_prompt: int = Field(8, gt=0)  # k
@@ -107,7 +118,10 @@ class WeightPhaseConfig(_Strict):
     # object store once. On the H200 (1.7 B model, 6.9 GB of fp32 state) a load took 0.026-0.029 s this way against
     # 78 s through the object store, and whole vLLM runs with it finished; opt-in until it has run with the
     # transformers engine and on more than one machine kind.
-    weight_sync: Literal["object_store", "cuda_ipc"] = "object_store"
+    # broadcast: the Trainer's rank-0 worker sends them to every replica over a process group of their own (gloo
+    # when training on CPU, nccl on GPU), in flat buckets (`broadcast`); not yet run on several GPUs.
+    weight_sync: Literal["object_store", "cuda_ipc", "broadcast"] = "object_store"
+    broadcast: WeightBroadcastConfig = Field(default_factory=WeightBroadcastConfig)
 
     @property
     def release_workers_after_phase(self) -> bool:
