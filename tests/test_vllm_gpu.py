@@ -109,22 +109,33 @@ def test_sampled_logprobs_match_recomputation(engines):
     assert outside <= 2 and d.mean() < 0.03 and d.max() < 0.3
 
 
+def fresh_pair(text: str) -> str | None:
+    """Two characters of `text`, past its first three, that appear nowhere before: a stop string that must cut
+    the greedy completion exactly there (None for a completion too short or too repetitive to have one)."""
+    for i in range(3, len(text) - 1):
+        if text[i:i + 2].strip() and text.find(text[i:i + 2]) == i:
+            return text[i:i + 2]
+    return None
+
+
 def test_stop_strings_and_max_tokens_cut_like_transformers(engines):
     v, ref = engines
-    base = v.generate([ask(q, max_tokens=40, temperature=0.0) for q in QUESTIONS[:4]])
-    stops = [b.text[3:5] for b in base]
-    reqs = [ask(q, max_tokens=40, temperature=0.0, stop=("@@never@@", s)) for q, s in zip(QUESTIONS, stops)]
+    base = v.generate([ask(q, max_tokens=40, temperature=0.0) for q in QUESTIONS])
+    cases = [(q, b, s) for q, b in zip(QUESTIONS, base) if (s := fresh_pair(b.text))]
+    assert len(cases) >= 4, [b.text for b in base]
+    reqs = [ask(q, max_tokens=40, temperature=0.0, stop=("@@never@@", s)) for q, _, s in cases]
     got, want = v.generate(reqs), ref.generate(reqs)
-    for g, w, b, s in zip(got, want, base, stops):
+    for g, w, (_, b, s) in zip(got, want, cases):
         assert g.finish_reason == "stop" and g.text == b.text[: b.text.find(s)]
         assert g.completion_ids == b.completion_ids[: len(g.completion_ids)] and len(g.logprobs) == len(g.completion_ids)
         assert s in v.tokenizer.decode(g.completion_ids, skip_special_tokens=True)
         assert s not in v.tokenizer.decode(g.completion_ids[:-1], skip_special_tokens=True)
         if g.completion_ids == w.completion_ids:  # same path: the same cut, text and reason
             assert (g.text, g.finish_reason) == (w.text, w.finish_reason)
-    short = [ask(q, max_tokens=3, temperature=0.0) for q in QUESTIONS]  # greedy: the engines' RNGs differ
+    k = max(1, min(len(b.completion_ids) for b in base) - 1)  # fewer tokens than any greedy completion has
+    short = [ask(q, max_tokens=k, temperature=0.0) for q in QUESTIONS]  # greedy: the engines' RNGs differ
     for g, w in zip(v.generate(short), ref.generate(short)):
-        assert len(g.completion_ids) == 3 == len(w.completion_ids) and g.finish_reason == "length" == w.finish_reason
+        assert len(g.completion_ids) == k == len(w.completion_ids) and g.finish_reason == "length" == w.finish_reason
 
 
 def test_seeded_request_alone_and_in_company(engines):
@@ -149,7 +160,9 @@ def test_reload_in_place_then_greedy_equals_transformers(engines, policy, form):
     sent = {k: t.to("cuda", torch.bfloat16) for k, t in new.items()} if form == "gpu_bf16" else \
         {k: t.detach().to("cpu", copy=True) for k, t in new.items()}
     v.load_weights(sent, version + 1)
-    ref.load_weights(new, version + 1)
+    # the reference holds what vLLM holds: the same weights rounded to bf16 (unrounded float32 weights move the
+    # logits by more than bf16 arithmetic does, past NEAR_TIE on the H200 with a 1200-step policy)
+    ref.load_weights({k: t.to(torch.bfloat16).float() for k, t in new.items()}, version + 1)
     after, want = v.generate(reqs), ref.generate(reqs)
     assert v.version == version + 1 and all(o.weight_version == version + 1 for o in after)
     assert sum(a.completion_ids != b.completion_ids for a, b in zip(after, before)) >= len(reqs) // 2
