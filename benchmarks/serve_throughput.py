@@ -1,16 +1,21 @@
 """The endpoint against the same engine in process, side by side in one run, and the pause a weight swap makes.
 
-    .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--requests-per-client 4] [--max-tokens 32]
+    .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica]
+        [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4] [--max-tokens 32]
 
 For 1, 8 and 32 concurrent clients (each sends its requests one after another): requests/s, completion
 tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica, the real `openai.AsyncOpenAI`
-client over loopback HTTP) and through `PolicyService` called in this process, with the same engine settings
-and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint /
+client over loopback HTTP) and through `PolicyService` called in this process, with the same engine settings,
+device and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint /
 in-process, and each side's mean batch per engine pass (the endpoint's from its /health); for each
-policy.batching mode (--batching continuous,pass: one deployment each, in turn). Then the HTTP path alone (GET /health, no engine work) and the ratio it leaves the endpoint on a
-machine whose cores it shares with the engine. Last, 8 streams are read while a new checkpoint lands in the
-followed run directory: the longest gap between two chunks of one stream, with and without the swap.
-Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default.
+serve.engine_layout (actor: the engine in an actor of its own beside the replica; replica: in the replica's
+process) and each policy.batching mode, one deployment each, in turn. Then the HTTP path alone (GET /health,
+no engine work) and, for a machine whose cores the engine shares with it (on CPU), the ratio it leaves the
+endpoint. Last, 8 streams are read while a new checkpoint lands in the followed run directory: the longest gap
+between two chunks of one stream, with and without the swap.
+Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default. With --device cuda both
+engines (in process and the endpoint's) are on the GPU and the endpoint's overhead runs on the spare cores:
+scripts/gpu/serve_h200.sh runs it so on the H200.
 """
 
 from __future__ import annotations
@@ -56,11 +61,11 @@ async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[
             "p99": pct(latencies, 0.99), "batch": (after[1] - before[1]) / max(1, after[0] - before[0])}
 
 
-def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str):
+def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str, device: str):
     from whale_ray.policy.serving import PolicyService
     from whale_ray.records import SamplingParams
 
-    service = PolicyService(model, device="cpu", batch_wait_ms=wait_ms, batching=batching)
+    service = PolicyService(model, device=device, batch_wait_ms=wait_ms, batching=batching)
 
     async def call(seed: int) -> int:
         out = await service.generate(MESSAGES, SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=20,
@@ -160,22 +165,27 @@ def stream_gaps(url: str, land) -> tuple[float, float, set[str]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
+    ap.add_argument("--device", default="cpu", help="both engines' device: cpu or cuda")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of both engines (the engine's Ray CPUs)")
     ap.add_argument("--requests-per-client", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="policy.batch_wait_ms, both ways")
     ap.add_argument("--rounds", type=int, default=2, help="alternations per level; the best of each is shown")
-    ap.add_argument("--batching", default="continuous,pass",
-                    help="policy.batching modes to measure in turn, both ways (comma-separated)")
+    ap.add_argument("--layouts", default="actor,replica", help="serve.engine_layout values to measure in turn")
+    ap.add_argument("--batching", default="continuous",
+                    help="policy.batching modes to measure in turn, both ways (comma-separated: continuous,pass)")
     ap.add_argument("--levels", default="1,8,32", help="concurrent clients (comma-separated)")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    modes = args.batching.split(",")
+    setups = [(layout, mode) for layout in args.layouts.split(",") for mode in args.batching.split(",")]
     if args.model is None:
         from whale_ray.domain import get_domain
         from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
 
         args.model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
-    torch.set_num_threads(2)  # the replica's (replica_cpus 2, below)
+    args.model = str(Path(args.model).resolve())
+    torch.set_num_threads(args.threads)  # the endpoint's engine gets as many (serve.replica_cpus)
+    gpus = 1 if args.device.startswith("cuda") else 0
 
     import ray
     from transformers import AutoModelForCausalLM
@@ -193,19 +203,22 @@ def main() -> None:
     # Ray starts its workers at niceness 15: on a busy machine the replica would then lose the cores to the
     # in-process engine (niceness 0 in this process), which is not what is being compared
     os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=max(args.threads, os.cpu_count() or 1), num_gpus=gpus,
+             include_dashboard=False, log_to_driver=False)
     results = {}
     try:
-        for mode in modes:  # one deployment per mode, the last one also serves the HTTP floor and the swap
+        for layout, mode in setups:  # one deployment each; the last one also serves the HTTP floor and the swap
             cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms,
-                                     "policy.batching": mode})
+                                     "policy.batching": mode, "policy.device": args.device})
             (root / "config.yaml").write_text(dump_config(cfg))  # as a run writes it
-            url = deploy(for_run_dir(root, args.model, ServeConfig(port=port, replicas=1, replica_cpus=2,
-                                                                   max_concurrent=64)))
-            results[mode] = asyncio.run(side_by_side(
-                in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode),
+            # the replica's CPUs (its engine's torch threads) and GPU: in its process or its engine actor's
+            serve = ServeConfig(port=port, replicas=1, max_concurrent=64, engine_layout=layout,
+                                replica_cpus=args.threads, replica_gpus=gpus)
+            url = deploy(for_run_dir(root, args.model, serve))
+            results[layout, mode] = asyncio.run(side_by_side(
+                in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),
                 endpoint_call(url, args.max_tokens), levels, args.requests_per_client, args.rounds))
-            if mode != modes[-1]:
+            if (layout, mode) != setups[-1]:
                 undeploy()
 
         def land() -> float:
@@ -226,26 +239,27 @@ def main() -> None:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
 
-    print(f"model {args.model}; {args.requests_per_client} requests per client, max_tokens {args.max_tokens}, "
-          f"T 1, top-k 20, the same seeds both ways; endpoint: 1 replica, 2 torch threads, as in process; "
-          f"best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), rows per engine "
-          f"step, prefills included (continuous)")
-    print(f"{'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} "
-          f"{'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
+    print(f"model {args.model} on {args.device}; {args.requests_per_client} requests per client, max_tokens "
+          f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: 1 replica, {args.threads} torch "
+          f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
+          f"rows per engine step, prefills included (continuous)")
+    print(f"{'layout':>7} {'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} "
+          f"{'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
           f"{'req/s ratio':>11} {'tok/s ratio':>11}")
-    for mode, (local, remote) in results.items():
+    for (layout, mode), (local, remote) in results.items():
         for c in levels:
             a, b = local[c], remote[c]
-            print(f"{mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} {a['p99']:>6.3f} "
-                  f"{a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} {b['p99']:>6.3f} "
-                  f"{b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}")
-    # The HTTP path and the engine share this machine's cores: a request costs 1/in-process of the engine and at
-    # least 1/floor beside it, so the endpoint reaches at most floor / (floor + in-process) of in-process.
-    a = results[modes[-1]][0][levels[-1]]["req_s"]
-    print(f"the HTTP path alone (GET /health, {levels[-1]} clients, no engine work): {floor['req_s']:.1f} req/s; "
-          f"sharing the cores with it, the endpoint can reach at most {floor['req_s'] / (floor['req_s'] + a):.2f} "
-          f"of in-process ({modes[-1]}) at {levels[-1]} clients")
-    print(f"longest gap between two chunks of a stream (8 streams, 96 tokens, {modes[-1]}): {quiet:.3f} s quiet, "
+            print(f"{layout:>7} {mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
+                  f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
+                  f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}")
+    # Where the HTTP path and the engine share the cores (a CPU engine), a request costs 1/in-process of the engine
+    # and at least 1/floor beside it, so the endpoint reaches at most floor / (floor + in-process) of in-process.
+    last = " ".join(setups[-1])
+    a = results[setups[-1]][0][levels[-1]]["req_s"]
+    print(f"the HTTP path alone (GET /health, {levels[-1]} clients, no engine work, {last}): {floor['req_s']:.1f} "
+          f"req/s, {floor['req_s'] / a:.2f}x in-process at {levels[-1]} clients; where the engine shares the cores "
+          f"with it (CPU), the endpoint can reach at most {floor['req_s'] / (floor['req_s'] + a):.2f} of in-process")
+    print(f"longest gap between two chunks of a stream (8 streams, 96 tokens, {last}): {quiet:.3f} s quiet, "
           f"{swapped:.3f} s with a checkpoint landing mid-stream ({swapped / quiet:.1f}x); versions seen: "
           f"{', '.join(sorted(p for p in prints if p))}")
 

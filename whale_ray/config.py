@@ -296,7 +296,15 @@ class ServeConfig(_Strict):
     min_replicas: Optional[int] = Field(None, ge=0)  # Serve autoscaling bounds
     max_replicas: Optional[int] = Field(None, gt=0)
     upscale_delay_s: float = Field(30.0, ge=0)  # autoscaling: how long the load must last before a replica is added
-    replica_cpus: float = Field(1.0, ge=0)  # Ray CPUs each replica holds
+    # Ray CPUs and GPUs each replica holds for its engines (and their torch threads): the replica's own, or its
+    # engine actor's (engine_layout actor; the replica holds none then)
+    replica_cpus: float = Field(1.0, ge=0)
+    replica_gpus: float = Field(0.0, ge=0)
+    # Where each replica's engines run (whale_ray/serve/engines.py). actor: in a Ray actor of the replica's own, so
+    # Serve's per-request Python and the engine's sampling loop do not share one process's GIL; replica: in the
+    # replica's process (one process and one hop fewer).
+    engine_layout: Literal["actor", "replica"] = "actor"
+    access_log: bool = False  # Serve's per-request access log lines (proxy and replica): Python per request
     max_concurrent: int = Field(64, gt=0)  # requests in flight per replica; more get 429 with Retry-After
     api_key_env: Optional[str] = None  # NAME of the variable holding the key clients must send; None = no key
     poll_s: float = Field(0.5, gt=0)  # how often each replica looks at the run directory for new weights

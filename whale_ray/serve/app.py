@@ -12,11 +12,13 @@ import asyncio
 import hashlib
 import hmac
 import logging
+import os
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.serve.schema import LoggingConfig
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from whale_ray.serve import openai_api as api
@@ -58,10 +60,6 @@ def _json(body: dict[str, Any], version: int) -> JSONResponse:
 @serve.ingress(app)
 class WhaleEndpoint:
     def __init__(self, spec: EndpointSpec, services: dict[str, Any]):
-        if spec.serve.replica_cpus >= 1:
-            import torch
-
-            torch.set_num_threads(int(spec.serve.replica_cpus))  # replicas sharing a node do not oversubscribe it
         self.replica = Replica(spec, services)
         self._key = spec.api_key_sha256
         self._follow: Optional[asyncio.Task] = None
@@ -84,8 +82,10 @@ class WhaleEndpoint:
 
     @app.get("/health")
     async def health(self) -> dict[str, Any]:
-        return {"status": "ok", "versions": self.replica.versions(), "in_flight": self.replica.in_flight,
-                "batches": {name: m.service.stats() for name, m in self.replica.models.items()}}
+        # pid: this replica's process; each model's engine names its own (serve.engine_layout)
+        return {"status": "ok", "pid": os.getpid(), "versions": self.replica.versions(),
+                "in_flight": self.replica.in_flight,
+                "batches": {name: await m.engine.stats() for name, m in self.replica.models.items()}}
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:
@@ -160,10 +160,16 @@ def deploy(spec: EndpointSpec) -> str:
     global _started_serve
     c = spec.serve
     _started_serve = _started_serve or not _serve_is_running()
-    serve.start(http_options={"host": c.host, "port": c.port})
+    # Serve's access log: a line per request in the proxy and again in the replica, written by the Python that
+    # also serves the requests (serve.access_log)
+    logs = LoggingConfig(enable_access_log=c.access_log)
+    serve.start(http_options={"host": c.host, "port": c.port}, logging_config=logs)
     # Serve's own cap sits above ours, so excess requests reach the replica and get a 429, not a queue
-    opts: dict[str, Any] = {"max_ongoing_requests": 2 * c.max_concurrent + 8,
-                            "ray_actor_options": {"num_cpus": c.replica_cpus}}
+    # layout actor: the replica's CPUs and GPUs are its engine actor's (whale_ray/serve/engines.py)
+    mine = c.engine_layout == "replica"
+    opts: dict[str, Any] = {"max_ongoing_requests": 2 * c.max_concurrent + 8, "logging_config": logs,
+                            "ray_actor_options": {"num_cpus": c.replica_cpus if mine else 0,
+                                                  "num_gpus": c.replica_gpus if mine else 0}}
     if c.min_replicas is not None and c.max_replicas is not None:
         opts["autoscaling_config"] = {"min_replicas": c.min_replicas, "max_replicas": c.max_replicas,
                                       "target_ongoing_requests": max(1, c.max_concurrent // 2),

@@ -1,7 +1,8 @@
-"""One replica of the endpoint, without Ray: its models, how it follows a run, admission, and the completions.
+"""One replica of the endpoint, without Serve: its models, how it follows a run, admission, and the completions.
 
-Each served model is a `PolicyService` (whale_ray/policy/serving.py), so the requests in flight on a replica
-share the engine's running batch as the run's PolicyServer's do.
+Each served model is a `PolicyService` (whale_ray/policy/serving.py) in the replica's process or in an actor of
+its own (whale_ray/serve/engines.py, `serve.engine_layout`), so the requests in flight on a replica share the
+engine's running batch as the run's PolicyServer's do.
 
 Weight swaps: a new version is loaded with `PolicyService.load_weights`, which waits for the requests in
 flight to finish. So **a request in flight finishes on the weights it started with** (all its tokens come from
@@ -18,12 +19,12 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from whale_ray.policy.engine import GenerationOutput, GenerationRequest, decode_completion, encode_prompts
-from whale_ray.policy.serving import PolicyService
 from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve import openai_api as api
 from whale_ray.serve import tools
 from whale_ray.serve.agent import AgentRequest, AgentRunner
-from whale_ray.serve.follow import RunFollower, RunView, Weights, load_state_dict
+from whale_ray.serve.engines import ActorEngine, LocalEngine, start_engines
+from whale_ray.serve.follow import RunFollower, RunView, Weights
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
 from whale_ray.serve.spec import EndpointSpec, ModelSource
 
@@ -32,23 +33,19 @@ RETRY_AFTER_S = 1
 
 
 class ServedModel:
-    def __init__(self, source: ModelSource, weights: Weights, spec: EndpointSpec):
-        p = spec.policy
+    def __init__(self, source: ModelSource, engine: LocalEngine | ActorEngine):
         self.name, self.follow = source.name, source.follow
-        self.service = PolicyService(weights.path, engine=p.engine, max_batch=p.max_batch,
-                                     batch_wait_ms=p.batch_wait_ms, version=weights.version, device=p.device,
-                                     dtype=p.dtype, batching=p.batching)
-        self.tokenizer = self.service.engine.tokenizer
-        self.max_context: int = self.service.engine.max_context
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_context: int = engine.max_context
 
     @property
     def version(self) -> int:
-        return self.service.version()
+        return self.engine.version
 
     async def ensure(self, weights: Weights) -> None:
         if weights.version != self.version:
-            state = await asyncio.get_running_loop().run_in_executor(None, load_state_dict, weights.path)
-            await self.service.load_weights(state, weights.version)
+            await self.engine.load(weights)
             log.info("%s: weights v%d loaded from %s", self.name, weights.version, weights.path)
 
 
@@ -63,7 +60,8 @@ class Replica:
         self.follower = RunFollower(spec.run_dir, spec.base_model) if spec.run_dir else None
         if self.follower is not None:
             self.follower.poll()  # each engine starts on the weights on record now
-        self.models = {s.name: ServedModel(s, self._start_weights(s), spec) for s in spec.models}
+        engines = start_engines({s.name: self._start_weights(s) for s in spec.models}, spec)
+        self.models = {s.name: ServedModel(s, engines[s.name]) for s in spec.models}
         self.agent = AgentRunner(spec.domain, spec.sandbox, services)
         self.in_flight = 0
         self._sync_lock = asyncio.Lock()
@@ -153,7 +151,7 @@ class Replica:
     @staticmethod
     async def _run(m: ServedModel, reqs: list[GenerationRequest]) -> list[GenerationOutput]:
         try:
-            return list(await asyncio.gather(*(m.service.complete(r) for r in reqs)))
+            return list(await asyncio.gather(*(m.engine.complete(r) for r in reqs)))
         except ValueError as e:  # check_request's one line
             raise ApiError(400, str(e)) from None
 
@@ -188,7 +186,7 @@ class Replica:
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         for i, r in enumerate(reqs):
             r.on_token = lambda t, v, i=i: loop.call_soon_threadsafe(events.put_nowait, ("token", i, t, v))
-        tasks = [asyncio.ensure_future(m.service.complete(r)) for r in reqs]
+        tasks = [asyncio.ensure_future(m.engine.complete(r)) for r in reqs]
         for i, task in enumerate(tasks):
             task.add_done_callback(lambda t, i=i: events.put_nowait(("done", i, t, None)))
         first = await events.get()
@@ -260,7 +258,7 @@ class Replica:
         loop = asyncio.get_running_loop()
 
         def generate(messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
-            return asyncio.run_coroutine_threadsafe(m.service.generate(messages, sampling), loop).result()
+            return asyncio.run_coroutine_threadsafe(m.engine.generate(messages, sampling), loop).result()
 
         reply = await self.agent.run(source, harness_id, req, generate)
         return reply, max(reply["weight_versions"], default=m.version)

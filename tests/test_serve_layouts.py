@@ -1,0 +1,67 @@
+"""serve.engine_layout and serve.access_log (whale_ray/serve/engines.py, app.py), on a real Serve app on a local Ray
+cluster with the real `openai` client: with the engine in the replica's process and in an actor of its own, the
+endpoint answers (whole and streamed) what the engine in process answers; /health names the two processes;
+Serve's access log is written only when asked for.
+(tests/test_serve.py runs the rest of the contract on the default layout.)"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
+PROMPT = "Tom has 3 apples and buys 4 more."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def in_process(policy: str, messages=None, prompt=None, **sampling) -> str:
+    from whale_ray.policy import GenerationRequest, TransformersEngine
+    from whale_ray.records import SamplingParams
+
+    engine = TransformersEngine(policy, device="cpu")
+    return engine.generate([GenerationRequest(messages or [], SamplingParams(**sampling), prompt=prompt)])[0].text
+
+
+@pytest.mark.parametrize("layout,access_log", [("replica", True), ("actor", False)])
+def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluster, tiny_policy, layout, access_log):
+    import httpx2
+
+    from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig
+    from whale_ray.serve.app import deploy, undeploy
+    from whale_ray.serve.spec import for_model
+
+    serve = ServeConfig(port=free_port(), replicas=1, engine_layout=layout, access_log=access_log)
+    spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(device="cpu"),
+                     sandbox=SandboxConfig(), serve=serve)
+    logs = Path(ray_cluster._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
+    before = set(logs.glob("replica_*.log"))
+    url = deploy(spec)
+    try:
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        r = c.chat.completions.create(model="whale", messages=QUESTION, max_tokens=12, temperature=0)
+        assert r.choices[0].message.content == in_process(tiny_policy, QUESTION, max_tokens=12, temperature=0)
+        assert r.system_fingerprint == "whale-v0"
+        stream = c.completions.create(model="whale", prompt=PROMPT, max_tokens=24, temperature=0, stream=True)
+        chunks = [ch.choices[0].text for ch in stream]
+        assert "".join(chunks) == in_process(tiny_policy, prompt=PROMPT, max_tokens=24, temperature=0)
+        assert len(chunks) > 3  # token by token (through the actor: a list of tokens per read), not all at the end
+        health = httpx2.get(url.removesuffix("/v1") + "/health", timeout=60).json()
+        engine_pid, replica_pid = health["batches"]["whale"]["pid"], health["pid"]
+        assert (engine_pid == replica_pid) == (layout == "replica")
+        assert c.chat.completions.create(model="whale", messages=QUESTION, max_tokens=2).choices  # still serving
+    finally:
+        undeploy()
+    new = set(logs.glob("replica_*.log")) - before
+    assert new, f"no replica log under {logs}"
+    access = [line for f in new for line in f.read_text().splitlines() if "POST /v1/chat/completions" in line]
+    assert bool(access) == access_log, access[:3]

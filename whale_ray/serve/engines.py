@@ -1,0 +1,172 @@
+"""How a replica reaches its engines (`serve.engine_layout`): in its own process, or in an actor of its own.
+
+Either way each served model gives the replica the same interface: `tokenizer` and `max_context` (the replica
+renders, counts and bounds prompts itself), `version`, `complete` (streaming through `request.on_token`),
+`generate` (the agent's calls), `load` (a checkpoint on record) and `stats`.
+
+- layout "replica": each model's `PolicyService` in the replica's process (`LocalEngine`).
+- layout "actor" (the default): the replica's models' `PolicyService`s in one `EngineActor`, a Ray actor that
+  the replica starts on its own node and owns (it dies with the replica), holding the replica's Ray CPUs and GPUs
+  (serve.replica_cpus, replica_gpus), the replica itself none. Why: Serve runs each request's Python in the
+  replica (the route, the body, the reply, request metrics, the access log); beside the engine's sampling
+  thread in one process that Python holds the GIL the engine needs between its forward passes (py-spy on the
+  replica, 2 cores, 32 clients: the engine thread ran in ~18 % of samples). In an actor of its own the engine
+  has its process's GIL to itself; a request costs one actor call more, and a stream one call per batch of
+  tokens (`EngineActor.stream` sends what was sampled since its last send). Each replica keeps its own engines,
+  so a weight swap is what it was: the replica loads each version into them, and the requests in flight
+  finish on the weights they started with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from typing import AsyncIterator
+
+import ray
+import torch
+
+from whale_ray.policy.engine import GenerationOutput, GenerationRequest, check_request
+from whale_ray.policy.serving import PolicyService, to_call
+from whale_ray.policy.tiny import load_tokenizer
+from whale_ray.records import ModelCall, SamplingParams
+from whale_ray.serve.follow import Weights, load_state_dict
+from whale_ray.serve.spec import EndpointSpec
+
+
+def _service(weights: Weights, spec: EndpointSpec) -> PolicyService:
+    p = spec.policy
+    return PolicyService(weights.path, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
+                         version=weights.version, device=p.device, dtype=p.dtype, batching=p.batching)
+
+
+async def _load(service: PolicyService, weights: Weights) -> int:
+    """Reads the checkpoint off the event loop, then loads it (the requests in flight finish first)."""
+    state = await asyncio.get_running_loop().run_in_executor(None, load_state_dict, weights.path)
+    return await service.load_weights(state, weights.version)
+
+
+def _threads(spec: EndpointSpec) -> None:
+    if spec.serve.replica_cpus >= 1:
+        torch.set_num_threads(int(spec.serve.replica_cpus))  # replicas sharing a node do not oversubscribe it
+
+
+class LocalEngine:
+    def __init__(self, weights: Weights, spec: EndpointSpec):
+        self.service = _service(weights, spec)
+        self.tokenizer = self.service.engine.tokenizer
+        self.max_context: int = self.service.engine.max_context
+
+    @property
+    def version(self) -> int:
+        return self.service.version()
+
+    async def complete(self, request: GenerationRequest) -> GenerationOutput:
+        return await self.service.complete(request)
+
+    async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
+        return await self.service.generate(messages, sampling)
+
+    async def load(self, weights: Weights) -> None:
+        await _load(self.service, weights)
+
+    async def stats(self) -> dict[str, float]:
+        return {**self.service.stats(), "pid": os.getpid()}
+
+
+@ray.remote
+class EngineActor:
+    """One replica's `PolicyService`s, by model name, in a process of their own (the module docstring says why)."""
+
+    def __init__(self, start: dict[str, Weights], spec: EndpointSpec):
+        _threads(spec)
+        self.services = {name: _service(w, spec) for name, w in start.items()}
+
+    def max_context(self, name: str) -> int:
+        return self.services[name].engine.max_context
+
+    async def complete(self, name: str, request: GenerationRequest) -> GenerationOutput:
+        return await self.services[name].complete(request)
+
+    async def stream(self, name: str, request: GenerationRequest) -> AsyncIterator[list[tuple[int, int]] | GenerationOutput]:
+        """Lists of (token, weight version) as they are sampled, each holding what came since the last one (one
+        Ray object per list, not per token, when the replica reads slower than the engine samples), then the
+        output."""
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        request.on_token = lambda t, v: loop.call_soon_threadsafe(events.put_nowait, (t, v))
+        task = asyncio.ensure_future(self.services[name].complete(request))
+        # the engine's thread calls on_token before it resolves the future, and both reach this loop through
+        # call_soon_threadsafe in that order: every token is queued before the end is
+        task.add_done_callback(lambda _: events.put_nowait(None))
+        while True:
+            got = [await events.get()]
+            while not events.empty():
+                got.append(events.get_nowait())
+            tokens = [e for e in got if e is not None]
+            if tokens:
+                yield tokens
+            if None in got:
+                yield task.result()
+                return
+
+    async def load(self, name: str, weights: Weights) -> int:
+        return await _load(self.services[name], weights)
+
+    def stats(self, name: str) -> dict[str, float]:
+        return {**self.services[name].stats(), "pid": os.getpid()}  # the engine's process (GET /health shows it)
+
+
+class ActorEngine:
+    """One model of the replica's `EngineActor`."""
+
+    def __init__(self, actor: "ray.actor.ActorHandle", name: str, weights: Weights):
+        self.actor, self.name = actor, name
+        self.tokenizer = load_tokenizer(weights.path)
+        self.max_context: int = ray.get(actor.max_context.remote(name))
+        self.version = weights.version  # this replica alone loads weights into its actor
+
+    async def complete(self, request: GenerationRequest) -> GenerationOutput:
+        check_request(request)  # refused here, without a round trip
+        on_token = request.on_token
+        plain = dataclasses.replace(request, on_token=None)  # a callback into this process does not travel
+        try:
+            if on_token is None:
+                return await self.actor.complete.remote(self.name, plain)
+            out = None
+            async for ref in self.actor.stream.remote(self.name, plain):
+                item = await ref
+                if isinstance(item, GenerationOutput):
+                    out = item
+                else:
+                    for token, version in item:
+                        on_token(token, version)
+            assert out is not None, "EngineActor.stream ended without its output"
+            return out
+        except ray.exceptions.RayTaskError as e:
+            raise e.cause from None  # the engine's own error (the replica maps it), not Ray's wrapper
+
+    async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
+        request = GenerationRequest(messages, sampling)
+        return to_call(request, await self.complete(request))
+
+    async def load(self, weights: Weights) -> None:
+        self.version = await self.actor.load.remote(self.name, weights)
+
+    async def stats(self) -> dict[str, float]:
+        return await self.actor.stats.remote(self.name)
+
+
+def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, LocalEngine | ActorEngine]:
+    """Each model's engine, on the weights `start` names for it, in the layout the spec asks for."""
+    if spec.serve.engine_layout == "replica":
+        _threads(spec)
+        return {name: LocalEngine(w, spec) for name, w in start.items()}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    c = spec.serve
+    # on the replica's node: the hop stays local, and the checkpoints the replica reads are there too
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    actor = EngineActor.options(num_cpus=c.replica_cpus, num_gpus=c.replica_gpus,
+                                scheduling_strategy=here).remote(start, spec)
+    return {name: ActorEngine(actor, name, w) for name, w in start.items()}
