@@ -162,6 +162,15 @@ def stream_gaps(url: str, land) -> tuple[float, float, set[str]]:
     return quiet, swapped, prints
 
 
+def print_rows(layout: str, mode: str, local: dict, remote: dict, levels: list[int]) -> None:
+    for c in levels:
+        a, b = local[c], remote[c]
+        print(f"{layout:>7} {mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
+              f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
+              f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}",
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
@@ -206,6 +215,13 @@ def main() -> None:
     ray.init(address="local", num_cpus=max(args.threads, os.cpu_count() or 1), num_gpus=gpus,
              include_dashboard=False, log_to_driver=False)
     results = {}
+    print(f"model {args.model} on {args.device}; {args.requests_per_client} requests per client, max_tokens "
+          f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: 1 replica, {args.threads} torch "
+          f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
+          f"rows per engine step, prefills included (continuous)")
+    print(f"{'layout':>7} {'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} "
+          f"{'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
+          f"{'req/s ratio':>11} {'tok/s ratio':>11}")
     try:
         for layout, mode in setups:  # one deployment each; the last one also serves the HTTP floor and the swap
             cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms,
@@ -218,6 +234,7 @@ def main() -> None:
             results[layout, mode] = asyncio.run(side_by_side(
                 in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),
                 endpoint_call(url, args.max_tokens), levels, args.requests_per_client, args.rounds))
+            print_rows(layout, mode, *results[layout, mode], levels)  # as it goes: a run cut short keeps these
             if (layout, mode) != setups[-1]:
                 undeploy()
 
@@ -239,19 +256,6 @@ def main() -> None:
         ray.shutdown()
         shutil.rmtree(root, ignore_errors=True)
 
-    print(f"model {args.model} on {args.device}; {args.requests_per_client} requests per client, max_tokens "
-          f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: 1 replica, {args.threads} torch "
-          f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
-          f"rows per engine step, prefills included (continuous)")
-    print(f"{'layout':>7} {'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} "
-          f"{'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
-          f"{'req/s ratio':>11} {'tok/s ratio':>11}")
-    for (layout, mode), (local, remote) in results.items():
-        for c in levels:
-            a, b = local[c], remote[c]
-            print(f"{layout:>7} {mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
-                  f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
-                  f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}")
     # Where the HTTP path and the engine share the cores (a CPU engine), a request costs 1/in-process of the engine
     # and at least 1/floor beside it, so the endpoint reaches at most floor / (floor + in-process) of in-process.
     last = " ".join(setups[-1])

@@ -5,7 +5,8 @@
 # ~/vparts, ~/rparts and ~/rdeps (scripts/gpu/README.md: calls 1-2, and call 3 or a later warm call) and
 # .gpu/policy holds the policy checkpoint. The whole log comes back as $OUT/serve.log, the table as serve.txt.
 # Usage, in the checkout's root there: bash scripts/gpu/serve_h200.sh VLLM_SHA256 RAY_SHA256
-# (BENCH_TIMEOUT, 120 s by default, bounds the benchmark; BENCH_ARGS are added to its flags)
+# (BENCH_TIMEOUT, 120 s by default, bounds the benchmark, which prints each layout's rows as they are measured;
+# BENCH_ARGS are added to its flags)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$SECONDS
@@ -25,7 +26,7 @@ nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
 echo "cores: $(nproc); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 before=" $(ps -eo pid= | tr '\n' ' ') "
-timeout -k 10 ${BENCH_TIMEOUT:-120} python3 benchmarks/serve_throughput.py --device cuda --model .gpu/policy \
+timeout -k 10 ${BENCH_TIMEOUT:-120} python3 -u benchmarks/serve_throughput.py --device cuda --model .gpu/policy \
   ${BENCH_ARGS:-} > "$OUT/serve.log" 2>&1
 rc=$?
 # the table and what failed, without Ray's and Serve's log lines
