@@ -1,9 +1,11 @@
 """Coordinator: starts the run's long-lived actors and hosts the WHALE loop (whale_ray.loop) over them.
 
 The loop is library code handed its roles; here each role is a Ray actor behind a thin adapter that waits
-for results, except for weights, which travel from the Trainer to the PolicyServer as an object ref. With
-`policy.replicas` > 1 the policy role is every replica at once: each new version is loaded by all of them
-before the loop goes on, and every evaluator sends each model call to the replica it waits on least.
+for results, except for weights, which travel from the Trainer to the PolicyServer as an object ref (or, with
+`weight.weight_sync: broadcast`, from the Trainer's rank 0 to every replica over a group of their own:
+actors/weight_broadcast.py). With `policy.replicas` > 1 the policy role is every replica at once: each new
+version is loaded by all of them before the loop goes on, and every evaluator sends each model call to the
+replica it waits on least.
 
 Faults, in two layers (each written to `<run_dir>/events.jsonl`):
 1. absorbed where they happen: the pool redoes the episodes of a lost evaluator or node and replaces it
@@ -28,10 +30,12 @@ from actors.harness_proposer import HarnessProposer
 from actors.policy_server import PolicyServer
 from actors.sandbox_evaluator import PolicyLost
 from actors.trainer import StaleTrainer, Trainer
+from actors.weight_broadcast import ByBroadcast, WeightBroadcaster
 from whale_ray.config import WhaleConfig
 from whale_ray.domain import get_domain
 from whale_ray.events import EventLog
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
+from whale_ray.policy.weight_broadcast import WeightBroadcastError
 from whale_ray.proposers.registry import proposer_options
 from whale_ray.resources import Placement, RoleResources, check_cluster, trainer_bundle
 from whale_ray.run_state import CycleRow
@@ -40,7 +44,7 @@ from whale_ray.schedules import has_phase
 log = logging.getLogger(__name__)
 
 # A role lost mid-call: roll back to the last commit and go on (layer 2 above).
-FAULTS = (RayActorError, ActorUnavailableError, StaleTrainer, PolicyLost)
+FAULTS = (RayActorError, ActorUnavailableError, StaleTrainer, PolicyLost, WeightBroadcastError)
 
 
 class _Remote:
@@ -57,12 +61,26 @@ class _Remote:
         return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
 
 
+class _BroadcastingTrainer(_Remote):
+    """The trainer role under weight_sync broadcast: `latest_weights(v)` carries no bytes; the policy role's
+    `load_weights` has the Trainer send them (actors/weight_broadcast.py)."""
+
+    def latest_weights(self, version: int) -> ByBroadcast:
+        return ByBroadcast(version)
+
+
 class _Replicas:
     """The PolicyServer replicas as one policy role: every call goes to all of them and returns when all are
     done (a new weight version is on every replica before the next rollouts)."""
 
-    def __init__(self, handles: list["ray.actor.ActorHandle"]):
-        self.handles = handles
+    def __init__(self, handles: list["ray.actor.ActorHandle"], broadcaster: WeightBroadcaster | None = None):
+        self.handles, self.broadcaster = handles, broadcaster
+
+    def load_weights(self, weights: Any, version: int) -> int:
+        if isinstance(weights, ByBroadcast):
+            self.broadcaster.load(version)
+            return version
+        return self.__getattr__("load_weights")(weights, version)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -104,6 +122,10 @@ class Coordinator:
             checkpoint or self.base_model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
             batching=p.batching, version=state.weight_version, device=p.device, dtype=p.dtype, seed=cfg.seed,
             **p.engine_options(), weights_from=self.trainer, events_dir=str(run.root)) for _ in range(p.replicas)]
+        self.broadcaster = None
+        if self.trains and cfg.weight.weight_sync == "broadcast":
+            self.broadcaster = WeightBroadcaster(self.trainer, self.policies, cfg.weight.broadcast,
+                                                 use_gpu=cfg.weight.use_gpu, events=self.events)
         self.services = self.domain.start_services(cfg, self.splits, place)
         reserve = {}
         if self.trains:  # an elastic pool leaves the Trainer's workers room to start again in the next phase
@@ -113,8 +135,13 @@ class Coordinator:
                                   placement=place, events=self.events, reserve=reserve, poll_s=cfg.faults.poll_s)
         self.proposer = HarnessProposer.options(**place.options("proposer", res.proposer), max_restarts=0).remote(
             cfg.harness_phase.proposer, self.domain.skill_text, cfg.seed, **proposer_options(cfg.harness_phase))
-        roles = Roles(policy=_Replicas(self.policies), pool=self.pool, proposer=_Remote(self.proposer),
-                      trainer=_Remote(self.trainer, by_ref=("latest_weights",)) if self.trainer else None)
+        trainer = None
+        if self.broadcaster is not None:
+            trainer = _BroadcastingTrainer(self.trainer)
+        elif self.trainer is not None:
+            trainer = _Remote(self.trainer, by_ref=("latest_weights",))
+        roles = Roles(policy=_Replicas(self.policies, self.broadcaster), pool=self.pool,
+                      proposer=_Remote(self.proposer), trainer=trainer)
         self.loop = WhaleLoop(cfg, roles, run, self.domain, self.splits)
 
     def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
@@ -170,6 +197,8 @@ class Coordinator:
         for actor in [*self.policies, self.proposer, self.trainer, *self.pool.actors, *self.services.values()]:
             if isinstance(actor, ray.actor.ActorHandle):
                 ray.kill(actor, no_restart=True)
+        if self.broadcaster is not None:
+            self.broadcaster.close()
 
 
 def start_coordinator(cfg: WhaleConfig, base_model: str) -> "ray.actor.ActorHandle":

@@ -14,16 +14,22 @@ Restarted by Ray after a crash (the Coordinator gives it `max_restarts` and `max
 episodes' calls in flight are sent again), it comes back serving the latest weights, not the ones it was
 first started with: it asks `weights_from` (the run's Trainer) for its version and, if that is newer, its
 weights, before it answers any call.
+
+With `weight.weight_sync: broadcast` the weights come by `receive_weights` instead: this replica's part of a
+broadcast from the Trainer's rank 0 (whale_ray/policy/weight_broadcast.py), received off the event loop so
+that generate calls go on meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import ray
 
 from whale_ray.events import EventLog
 from whale_ray.policy.serving import PolicyService
+from whale_ray.policy.weight_broadcast import GroupSpec, Receiver
 from whale_ray.records import ModelCall, SamplingParams
 
 
@@ -35,6 +41,7 @@ class PolicyServer:
         self._service = PolicyService(model_path, engine=engine, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
                                       version=version, batching=batching, **engine_kwargs)
         self._trainer = weights_from
+        self._receiver = Receiver()  # weight_sync broadcast: this replica's group with the Trainer's rank 0
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._come_back(weights_from, EventLog(events_dir) if events_dir else None)
 
@@ -54,6 +61,16 @@ class PolicyServer:
 
     async def load_weights(self, weights: Any, version: int) -> int:
         return await self._service.load_weights(weights, version)
+
+    async def receive_weights(self, spec: GroupSpec, rank: int, version: int) -> int:
+        """Take part, as `rank`, in the broadcast of weight `version` (actors/weight_broadcast.py), then load it as
+        `load_weights` does; returns the version."""
+        state = await asyncio.get_running_loop().run_in_executor(None, self._receiver.receive, spec, rank, version)
+        return await self._service.load_weights(state, version)
+
+    def broadcast_group(self) -> int | None:
+        """The generation of the broadcast group this replica holds (None: none, e.g. restarted by Ray)."""
+        return self._receiver.generation()
 
     def release_shared_weights(self) -> None:
         """Before the Trainer's workers end: drop the views of their GPU memory (weight.weight_sync cuda_ipc)."""

@@ -21,6 +21,11 @@ sends the new weights, which the Trainer serves from `latest_weights()`:
   the object store once (`host_weights`). The handles are only good while the Ray Train run lives: when it ends
   (released, failed) the Trainer forgets them, and a `latest_weights` after that starts a new run from the
   last saved state (that same version).
+- `weight.weight_sync: broadcast`: nothing leaves rank 0 after a step; `broadcast_weights(spec, version)`
+  has it send the weights to the PolicyServer replicas over a group of their own while they receive
+  (actors/weight_broadcast.py orchestrates; whale_ray/policy/weight_broadcast.py is the group). Only a
+  restarted server or a failed broadcast asks `latest_weights`, which then has rank 0 put them in the object
+  store at that moment.
 
 `release_workers()` saves the full state (model + optimizer) under `checkpoint_dir/live`, ends the fit
 and frees the workers' CPUs/GPUs (e.g. for the harness phase); the next call restarts from that state.
@@ -52,6 +57,7 @@ import torch
 
 from whale_ray.config import WeightPhaseConfig
 from whale_ray.events import EventLog
+from whale_ray.policy.weight_broadcast import GroupSpec, Sender, WeightBroadcastError
 from whale_ray.policy.weight_sync import Sharer, SharedWeights
 from whale_ray.resources import ResourcesConfig
 from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
@@ -157,7 +163,7 @@ def train_loop_per_worker(config: dict) -> None:
     sharer = Sharer()  # rank 0: its parameters' IPC handles, made once for this run (weight_sync's docstring)
 
     def weights_ref() -> Any:
-        if rank != 0:
+        if rank != 0 or config.get("weight_sync") == "broadcast":  # broadcast: sent when asked (broadcast_weights)
             return None
         if config.get("weight_sync") != "cuda_ipc" or learner.device.type != "cuda":
             return ray.put(learner.state_dict())
@@ -168,6 +174,7 @@ def train_loop_per_worker(config: dict) -> None:
         if config.get("empty_cache") and learner.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    sender = Sender()  # rank 0, weight_sync broadcast: its group with the replicas, kept between versions
     seq = 0  # the "ready" reply answers command 0
     try:
         wrap = None
@@ -196,6 +203,14 @@ def train_loop_per_worker(config: dict) -> None:
                 reply(seq, "trained", metrics=metrics, weights=weights)
             elif kind == "host":  # the state dict through the object store, for a server on another host
                 reply(seq, "hosted", weights=ray.put(learner.state_dict()) if rank == 0 else None)
+            elif kind == "broadcast":  # the replicas receive meanwhile; a failed broadcast leaves the run alive
+                error = None
+                if rank == 0:
+                    try:
+                        sender.send(cmd[2], learner.model.state_dict(), learner.step)
+                    except WeightBroadcastError as e:
+                        error = str(e)
+                reply(seq, "sent", error=error)
             elif kind == "save":
                 if rank == 0:
                     learner.save(cmd[2])
@@ -306,9 +321,10 @@ class Trainer:
             resources.setdefault("GPU", 1)
         self._scaling = ScalingConfig(num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources)
         self._torch_config = TorchConfig(backend="nccl" if w.use_gpu else "gloo")
+        sync = w.weight_sync if w.weight_sync == "broadcast" or w.use_gpu else "object_store"
         self._trainer_cfg = {"model_path": str(Path(model_path).resolve()),
                              "learner": _learner_kwargs(cfg, seed, max_len),
-                             "weight_sync": "cuda_ipc" if w.use_gpu and w.weight_sync == "cuda_ipc" else "object_store",
+                             "weight_sync": sync,
                              "empty_cache": empty_cache_after_step}
         self._session: _Session | None = None
         self._resume: str | None = None  # where a new session starts from (None: model_path)
@@ -316,6 +332,7 @@ class Trainer:
         self._version = 0
         self._broken: str | None = None
         self._closed = False
+        self._group: tuple[Any, int] | None = None  # (session, generation) of the broadcast group rank 0 holds
         self._events = EventLog(events_dir) if events_dir else None
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._come_back()
@@ -430,10 +447,33 @@ class Trainer:
         """The newest weights, which must be `version`: a CPU state dict, or `SharedWeights` when training on a
         GPU (see the module docstring). Pass `trainer.latest_weights.remote(v)` straight on to
         `PolicyServer.load_weights.remote(ref, v)`; the driver never needs to fetch it."""
+        if self._trainer_cfg["weight_sync"] == "broadcast":  # not kept here between steps: put there when asked
+            self._start()
+            _check_version(self._version, version, "latest_weights")
+            return ray.get(self._call("host")["weights"])
         if self._weights is None:
             self._start()
         _check_version(self._version, version, "latest_weights")
         return self._weights
+
+    def broadcast_group(self) -> int | None:
+        """The generation of the broadcast group that rank 0 of the current Ray Train run holds (None: none; a
+        new run, after a release or a lost worker, starts without)."""
+        if self._group is None or self._session is None or self._group[0] is not self._session:
+            return None
+        return self._group[1]
+
+    def broadcast_weights(self, spec: GroupSpec, version: int) -> None:
+        """Rank 0 sends weight `version` to the group of `spec` (building it first if it holds another), while every
+        replica receives (actors/weight_broadcast.py). Raises `WeightBroadcastError` naming what failed; the Ray
+        Train run goes on either way."""
+        self._start()
+        _check_version(self._version, version, "broadcast_weights")
+        self._group = None
+        error = self._call("broadcast", spec)["error"]
+        if error:
+            raise WeightBroadcastError(error)
+        self._group = (self._session, spec.generation)
 
     def host_weights(self, version: int) -> list:
         """[an object ref of the CPU state dict of `version`], put there by rank 0: `SharedWeights`' fallback
