@@ -33,11 +33,12 @@ against the same batch submitted inside the actor's process, at each of --switch
 process's GIL switch interval: how long the engine thread can wait for the GIL held by the thread that runs
 the actor calls). Each part prints a RESULTS line when it ends.
 
-Seen on the H200 (2026-12-01, scripts/gpu/weight_sync_h200.sh; scripts/gpu/README.md has the whole tables):
-ipc 0.026-0.029 s (snapshot 9-12 ms, open 5-8 ms, the engine's copy plan 5 ms), the copy plan alone 3.6-4.0 ms
-against vLLM's reload_weights 98-133 ms, raw copy 4.0 ms; object store 78.1 s (hops 26.5 + 35.9 + 15.7 s),
+Seen on the H200 (2026-12-02, scripts/gpu/weight_sync_h200.sh; scripts/gpu/README.md has the whole tables):
+ipc 0.011 s a version, 2.8x a raw copy of the bytes (4.0 ms), the first of a key 0.041 s (the server opens the
+310 handles once); the worker's share 0.6 ms, the engine's copy plan 4 ms against vLLM's reload_weights 83-167 ms.
+The day before, with a snapshot into buckets: ipc 0.026-0.029 s; object store 78.1 s (hops 26.5 + 35.9 + 15.7 s),
 fallback 30.7 s; greedy tokens equal after ipc and store; through Ray 1.02 / 0.91 / 0.89x in-actor at batch
-8 / 64 / 256 (best of 5 alternating runs; runs of one batch vary up to 30 %).
+8 / 64 / 256 (benchmarks/gpu_engines.py's ray part now measures that with the issue's prompts).
 
     python benchmarks/gpu_weight_sync.py --tokenizer PATH/TO/CHECKPOINT --dir /tmp/qwen3-1.7b
 """

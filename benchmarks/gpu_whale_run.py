@@ -31,7 +31,9 @@ guessing; every run finished with 8 weight steps). Under bubblewrap (isolation a
     vllm, --weight-sync cuda_ipc: weight 92.0 s (11.13/s), harness 12.3 s (37.63/s), run 164.5 s
 
 and earlier the same day without bubblewrap or sleep mode: vllm 12.07 / 40.70 rollouts/s (166.7 s),
-transformers 6.19 / 10.85 (288.2 s).
+transformers 6.19 / 10.85 (288.2 s). On 2026-12-02, the 1200-step embedded policy, --weight-sync cuda_ipc (the
+parameters' own handles): vllm at sleep level 2 13.39 / 42.82 (144.3 s); transformers, the continuous engine,
+6.77 / 7.59 (289.1 s).
 
     python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --root /tmp/gpu-runs
     python benchmarks/gpu_whale_run.py --device cpu --engines transformers --size tiny     # a CPU check
