@@ -51,10 +51,12 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
         r = c.chat.completions.create(model="whale", messages=QUESTION, max_tokens=12, temperature=0)
         assert r.choices[0].message.content == in_process(tiny_policy, QUESTION, max_tokens=12, temperature=0)
         assert r.system_fingerprint == "whale-v0"
-        stream = c.completions.create(model="whale", prompt=PROMPT, max_tokens=24, temperature=0, stream=True)
-        chunks = [ch.choices[0].text for ch in stream]
-        assert "".join(chunks) == in_process(tiny_policy, prompt=PROMPT, max_tokens=24, temperature=0)
-        assert len(chunks) > 3  # token by token (through the actor: a list of tokens per read), not all at the end
+        r = c.completions.create(model="whale", prompt=PROMPT, max_tokens=8, temperature=0)
+        assert r.choices[0].text == in_process(tiny_policy, prompt=PROMPT, max_tokens=8, temperature=0)
+        stream = c.chat.completions.create(model="whale", messages=QUESTION, max_tokens=24, temperature=0, stream=True)
+        chunks = [ch.choices[0].delta.content for ch in stream if ch.choices and ch.choices[0].delta.content]
+        assert "".join(chunks) == in_process(tiny_policy, QUESTION, max_tokens=24, temperature=0)
+        assert len(chunks) > 3  # as it is sampled (through the actor: a list of tokens per read), not all at the end
         health = httpx2.get(url.removesuffix("/v1") + "/health", timeout=60).json()
         engine_pid, replica_pid = health["batches"]["whale"]["pid"], health["pid"]
         assert (engine_pid == replica_pid) == (layout == "replica")
