@@ -67,3 +67,18 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
     assert new, f"no replica log under {logs}"
     access = [line for f in new for line in f.read_text().splitlines() if "POST /v1/chat/completions" in line]
     assert bool(access) == access_log, access[:3]
+
+
+def test_whale_serve_engine_layout_flag(tiny_policy):
+    """`whale serve --engine-layout` reaches the spec; a value that is not a layout is one line naming the flag."""
+    from whale_ray.serve.launch import SERVE_FLAGS, endpoint_spec
+
+    flags = dict.fromkeys(SERVE_FLAGS)
+    spec = endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "replica"},
+                         lambda cfg: tiny_policy)
+    assert spec.serve.engine_layout == "replica" and spec.serve.access_log is False
+    assert endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, flags,
+                         lambda cfg: tiny_policy).serve.engine_layout == "actor"
+    with pytest.raises(ValueError, match="--engine-layout 'gpu'"):
+        endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "gpu"},
+                      lambda cfg: tiny_policy)

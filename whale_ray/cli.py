@@ -179,6 +179,9 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument("--max-concurrent", type=int, help=helps("requests in flight per replica before 429",
                                                                 "serve.max_concurrent"))
     serve.add_argument("--api-key-env", help="NAME of the environment variable holding the key clients must send")
+    serve.add_argument("--engine-layout", choices=choices("serve.engine_layout"),
+                       help=helps("where each replica's engine runs: an actor of its own, or the replica's process",
+                                  "serve.engine_layout"))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

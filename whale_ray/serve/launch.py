@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from whale_ray.config import PolicyConfig, ServeConfig, WhaleConfig, load_config, load_recorded_config
 from whale_ray.serve.spec import EndpointSpec, for_model, for_run
 
-SERVE_FLAGS = ("host", "port", "replicas", "min_replicas", "max_replicas", "max_concurrent", "api_key_env")
+SERVE_FLAGS = ("host", "port", "replicas", "min_replicas", "max_replicas", "max_concurrent", "api_key_env",
+               "engine_layout")
 
 
 def endpoint_spec(run_dir: Path | None, model: Path | None, domain: str, harness: Path | None,
