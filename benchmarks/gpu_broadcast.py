@@ -47,7 +47,7 @@ def model_state(device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     with torch.device("meta"):
-        shapes = Qwen3ForCausalLM(Qwen3Config(**QWEN3_1_7B)).state_dict()
+        shapes = Qwen3ForCausalLM(Qwen3Config(**QWEN3_1_7B)).state_dict(keep_vars=True)  # a tie is one object
     gen = torch.Generator(device=device).manual_seed(seed)
     made: dict[int, torch.Tensor] = {}
     state = {}
