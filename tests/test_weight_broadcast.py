@@ -181,6 +181,48 @@ def test_a_replica_restarted_by_ray_rejoins_and_one_lost_for_good_is_named_withi
             ray.kill(r)
 
 
+def test_a_stalled_replica_is_named_and_that_version_goes_through_the_object_store(trainer, tiny_policy, tmp_path):
+    """A replica that is alive but does not answer (its process stopped) fails the broadcast by the timeout, named
+    in an event; the version then reaches both replicas through the object store, and the next one goes by
+    broadcast again over a new group."""
+    import os
+    import signal
+
+    from actors.weight_broadcast import WeightBroadcaster
+    from whale_ray.events import EventLog
+
+    a, b = _replica(tiny_policy, trainer), _replica(tiny_policy, trainer)
+    pid = ray.get(b.__ray_call__.remote(lambda self: os.getpid()))
+    try:
+        broadcaster = WeightBroadcaster(trainer, [a, b], WeightBroadcastConfig(timeout_s=5.0, bucket_mb=1),
+                                        use_gpu=False, events=EventLog(tmp_path))
+        v = _step(trainer, ray.get(trainer.version.remote()))
+        os.kill(pid, signal.SIGSTOP)
+        loading = threading.Thread(target=broadcaster.load, args=(v,))
+        loading.start()
+        events = tmp_path / "events.jsonl"
+        deadline = time.monotonic() + 60
+        while not events.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        os.kill(pid, signal.SIGCONT)  # the object store's load of that version waits for it
+        loading.join(timeout=120)
+        assert not loading.is_alive()
+        (event,) = [json.loads(line) for line in events.read_text().splitlines()]
+        assert event["kind"] == "weight_broadcast_failed" and event["version"] == v
+        assert event["failures"] == [f"PolicyServer replica 1 (actor {b._actor_id.hex()[:12]}): no answer within 5 s"]
+        assert broadcaster.last["by"] == "object_store"
+        assert ray.get([a.version.remote(), b.version.remote()]) == [v, v]
+
+        broadcaster.cfg = CFG.broadcast  # 5 s was for the stall only: building a group can take longer on a busy host
+        v = _step(trainer, v)
+        broadcaster.load(v)
+        assert broadcaster.last["by"] == "broadcast" and ray.get([a.version.remote(), b.version.remote()]) == [v, v]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        for r in (a, b):
+            ray.kill(r)
+
+
 # ---------------------------------------------------------------------------------------------- a whole run
 @pytest.mark.slow
 def test_a_whale_run_with_two_replicas_by_broadcast_serves_every_version(tmp_path, ray_cluster, tiny_policy):
