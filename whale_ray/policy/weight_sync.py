@@ -13,8 +13,9 @@ parameters, so a version must be loaded (the engine's copies finished: `PolicySe
 synchronizes) before the Trainer steps again. The loop loads after every step before it trains again, and a
 restarted PolicyServer asks the Trainer actor, whose calls run one at a time, between steps. And the server
 lets go of the Trainer's memory (`SharedReader.close`, the loop's `release_shared_weights`) before the
-Trainer's workers end (`release_workers`): views opened through IPC would otherwise keep a finished run's
-parameters alive on the GPU.
+Trainer's workers end (`release_workers`): views opened through IPC must not outlive the process that
+exported them (torch's Note [Sharing CUDA tensors]), and a server that kept them would hold a finished run's
+memory mapped for nothing.
 
 A consumer that cannot see that GPU (another host, or a GPU not visible to its process) gets the weights
 through the object store, once: `materialize` asks the `fallback` (the Trainer actor) for an object ref that
