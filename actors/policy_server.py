@@ -68,9 +68,9 @@ class PolicyServer:
         state = await asyncio.get_running_loop().run_in_executor(None, self._receiver.receive, spec, rank, version)
         return await self._service.load_weights(state, version)
 
-    def broadcast_group(self) -> int | None:
-        """The generation of the broadcast group this replica holds (None: none, e.g. restarted by Ray)."""
-        return self._receiver.generation()
+    def broadcast_group(self) -> tuple | None:
+        """The `GroupSpec.key` of the broadcast group this replica holds (None: none, e.g. restarted by Ray)."""
+        return self._receiver.group()
 
     def release_shared_weights(self) -> None:
         """Before the Trainer's workers end: drop the views of their GPU memory (weight.weight_sync cuda_ipc)."""

@@ -332,7 +332,7 @@ class Trainer:
         self._version = 0
         self._broken: str | None = None
         self._closed = False
-        self._group: tuple[Any, int] | None = None  # (session, generation) of the broadcast group rank 0 holds
+        self._group: tuple[Any, tuple] | None = None  # (session, GroupSpec.key) of the broadcast group rank 0 holds
         self._events = EventLog(events_dir) if events_dir else None
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._come_back()
@@ -456,9 +456,9 @@ class Trainer:
         _check_version(self._version, version, "latest_weights")
         return self._weights
 
-    def broadcast_group(self) -> int | None:
-        """The generation of the broadcast group that rank 0 of the current Ray Train run holds (None: none; a
-        new run, after a release or a lost worker, starts without)."""
+    def broadcast_group(self) -> tuple | None:
+        """The `GroupSpec.key` of the broadcast group that rank 0 of the current Ray Train run holds (None: none;
+        a new run, after a release or a lost worker, starts without)."""
         if self._group is None or self._session is None or self._group[0] is not self._session:
             return None
         return self._group[1]
@@ -473,7 +473,7 @@ class Trainer:
         error = self._call("broadcast", spec)["error"]
         if error:
             raise WeightBroadcastError(error)
-        self._group = (self._session, spec.generation)
+        self._group = (self._session, spec.key)
 
     def host_weights(self, version: int) -> list:
         """[an object ref of the CPU state dict of `version`], put there by rank 0: `SharedWeights`' fallback

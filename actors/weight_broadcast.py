@@ -11,10 +11,11 @@ The group (whale_ray/policy/weight_broadcast.py): Trainer rank 0 is rank 0, repl
 store's server lives in this object (in the Coordinator's process, on its node's address, `weight.broadcast.port`
 or any free one): its address is known before any member starts, and it outlives them all. A generation of the
 group is built once and serves every version until it no longer holds: before each broadcast every member
-says which generation it holds (a Trainer whose Ray Train run was released or restarted after a lost worker,
-or a PolicyServer restarted by Ray, hold none), and any difference, or another set of replicas (one added or
-lost), builds the next generation under a new store prefix (never an old one: its stale addresses would send
-members to peers that are gone).
+says which group it holds, by store address and generation (a Trainer whose Ray Train run was released or
+restarted after a lost worker, or a PolicyServer restarted by Ray, hold none; a member that outlived an earlier
+broadcaster holds one of that store), and any difference, or another set of replicas (one added or lost),
+builds the next generation under a new store prefix (never an old one: its stale addresses would send members
+to peers that are gone).
 
 Faults, each bounded by `weight.broadcast.timeout_s`:
 - a member that is dead for good (Ray gives up restarting it) when asked: `WeightBroadcastError` naming it, at
@@ -100,7 +101,8 @@ class WeightBroadcaster:
         if failures:
             return failures
         ids = [m._actor_id.hex() for m in members]
-        if self.generation == 0 or ids != self._members or any(h != self.generation for h in held):
+        key = (self.host, self.port, self.generation)  # a member may hold a group of another broadcaster's store
+        if self.generation == 0 or ids != self._members or any(h != key for h in held):
             self.generation += 1
             self._members = ids
         spec = GroupSpec(self.host, self.port, self.generation, len(members), self.backend, self.cfg.timeout_s,

@@ -63,7 +63,7 @@ def test_gloo_broadcast_is_bit_for_bit_and_a_missing_member_is_named_within_the_
         got = out[rank]
         assert got.keys() == state.keys()
         assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in state.items())
-    assert sender.generation() == 1
+    assert sender.group() == spec.key
 
     # generation 2 with a member that never comes: both who came fail, named, within the timeout; nobody hangs
     spec2 = GroupSpec("127.0.0.1", store.port, 2, 3, "gloo", 3.0, 16 << 10)
@@ -76,7 +76,7 @@ def test_gloo_broadcast_is_bit_for_bit_and_a_missing_member_is_named_within_the_
     t.join()
     assert time.monotonic() - t0 < 3.0 + 5
     assert isinstance(out[1], WeightBroadcastError) and "replica (rank 1): receiving version 8" in str(out[1])
-    assert sender.generation() is None  # a failed member forgets its group: the next broadcast builds another
+    assert sender.group() is None  # a failed member forgets its group: the next broadcast builds another
 
 
 # -------------------------------------------------------------------------------------- Trainer and replicas
@@ -129,7 +129,8 @@ def test_both_replicas_get_the_trainers_weights_bit_for_bit_and_serve_as_the_obj
         broadcaster.load(v)
         assert broadcaster.last["by"] == "broadcast" and broadcaster.generation == 1
         assert ray.get([r.version.remote() for r in replicas]) == [v, v]
-        assert ray.get([r.broadcast_group.remote() for r in replicas]) == [1, 1]
+        key = (broadcaster.host, broadcaster.port, 1)
+        assert ray.get([r.broadcast_group.remote() for r in [trainer, *replicas]]) == [key] * 3
 
         trained = ray.get(trainer.latest_weights.remote(v))  # through the object store, asked for here only
         for r in replicas:

@@ -52,6 +52,11 @@ class GroupSpec:
     timeout_s: float
     bucket_bytes: int
 
+    @property
+    def key(self) -> tuple[str, int, int]:
+        """Which group: its store and generation (another orchestrator's store numbers its generations anew)."""
+        return self.host, self.port, self.generation
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -118,9 +123,9 @@ class _Member:
         self.buckets: list[torch.Tensor] = []
         self.tried = -1  # the generation last joined or tried: an error names it even before the group is up
 
-    def generation(self) -> int | None:
-        """The generation of the group this member holds, None if none (new, or after a failure)."""
-        return None if self.spec is None else self.spec.generation
+    def group(self) -> tuple[str, int, int] | None:
+        """The `GroupSpec.key` of the group this member holds, None if none (new, or after a failure)."""
+        return None if self.spec is None else self.spec.key
 
     def _join(self, spec: GroupSpec, rank: int, device: torch.device) -> None:
         self.leave()
@@ -193,7 +198,7 @@ class Sender(_Member):
         returns the bytes sent."""
         device = next(iter(state.values())).device
         try:
-            if self.generation() != spec.generation:
+            if self.group() != spec.key:
                 self._join(spec, 0, device)
                 self.layout = plan(state, spec.bucket_bytes)
                 self.buckets = [torch.empty(n, dtype=torch.uint8, device=device) for n in self.layout.sizes]
@@ -225,7 +230,7 @@ class Receiver(_Member):
         until the next receive."""
         device = torch.device("cuda", torch.cuda.current_device()) if spec.backend == "nccl" else torch.device("cpu")
         try:
-            if self.generation() != spec.generation or self.rank != rank:
+            if self.group() != spec.key or self.rank != rank:
                 self._join(spec, rank, device)
                 self.layout = Layout.from_json(json.loads(self.store.get("layout")))
                 self.buckets = [torch.empty(n, dtype=torch.uint8, device=device) for n in self.layout.sizes]
