@@ -2,7 +2,8 @@
 cluster with the real `openai` client: with the engine in the replica's process and in an actor of its own, the
 endpoint answers (whole and streamed) what the engine in process answers; /health names the two processes;
 Serve's access log is written only when asked for.
-(tests/test_serve.py runs the rest of the contract on the default layout.)"""
+(tests/test_serve.py runs the rest of the contract on the default layout, replica; the actor layout passed it
+too when it was the default, commit 7c2791e.)"""
 
 from __future__ import annotations
 
@@ -74,11 +75,11 @@ def test_whale_serve_engine_layout_flag(tiny_policy):
     from whale_ray.serve.launch import SERVE_FLAGS, endpoint_spec
 
     flags = dict.fromkeys(SERVE_FLAGS)
-    spec = endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "replica"},
+    spec = endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "actor"},
                          lambda cfg: tiny_policy)
-    assert spec.serve.engine_layout == "replica" and spec.serve.access_log is False
+    assert spec.serve.engine_layout == "actor" and spec.serve.access_log is False
     assert endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, flags,
-                         lambda cfg: tiny_policy).serve.engine_layout == "actor"
+                         lambda cfg: tiny_policy).serve.engine_layout == "replica"
     with pytest.raises(ValueError, match="--engine-layout 'gpu'"):
         endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "gpu"},
                       lambda cfg: tiny_policy)

@@ -302,10 +302,12 @@ class ServeConfig(_Strict):
     replica_gpus: float = Field(0.0, ge=0)
     # Where each replica's engines run (whale_ray/serve/engines.py). actor: in a Ray actor of the replica's own, so
     # Serve's per-request Python and the engine's sampling loop do not share one process's GIL; replica: in the
-    # replica's process (one process and one hop fewer). actor is the default on that py-spy evidence, not yet on a
-    # measurement: the only run of both here (benchmarks/serve_throughput.py, 2 cores at load average 38-67)
-    # measured the load; scripts/gpu/serve_h200.sh measures both beside a GPU engine, and the default follows it.
-    engine_layout: Literal["actor", "replica"] = "actor"
+    # replica's process (one process and one hop fewer). replica is the default because it measured better here
+    # (benchmarks/serve_throughput.py, 2 shared cores, two runs at load average 4-28: the endpoint gave 50 / 46
+    # requests/s at 32 clients against 25 / 16 with the actor): on cores the engine shares, the actor's process
+    # and hop cost more than the GIL it frees. actor is for spare cores beside a GPU engine, where
+    # scripts/gpu/serve_h200.sh measures both.
+    engine_layout: Literal["actor", "replica"] = "replica"
     access_log: bool = False  # Serve's per-request access log lines (proxy and replica): Python per request
     max_concurrent: int = Field(64, gt=0)  # requests in flight per replica; more get 429 with Retry-After
     api_key_env: Optional[str] = None  # NAME of the variable holding the key clients must send; None = no key

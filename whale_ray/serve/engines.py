@@ -4,8 +4,9 @@ Either way each served model gives the replica the same interface: `tokenizer` a
 renders, counts and bounds prompts itself), `version`, `complete` (streaming through `request.on_token`),
 `generate` (the agent's calls), `load` (a checkpoint on record) and `stats`.
 
-- layout "replica": each model's `PolicyService` in the replica's process (`LocalEngine`).
-- layout "actor" (the default): the replica's models' `PolicyService`s in one `EngineActor`, a Ray actor that
+- layout "replica" (the default; whale_ray/config.py says why): each model's `PolicyService` in the replica's
+  process (`LocalEngine`).
+- layout "actor": the replica's models' `PolicyService`s in one `EngineActor`, a Ray actor that
   the replica starts on its own node and owns (it dies with the replica), holding the replica's Ray CPUs and GPUs
   (serve.replica_cpus, replica_gpus), the replica itself none. Why: Serve runs each request's Python in the
   replica (the route, the body, the reply, request metrics, the access log); beside the engine's sampling
