@@ -204,16 +204,16 @@ def main() -> None:
     from whale_ray.serve.app import deploy, undeploy
     from whale_ray.serve.spec import for_run_dir
 
+    # Ray starts its workers at niceness 15: on a busy machine the replica would then lose the cores to the
+    # in-process engine (niceness 0 in this process), which is not what is being compared
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(address="local", num_cpus=max(args.threads, os.cpu_count() or 1), num_gpus=gpus,
+             include_dashboard=False, log_to_driver=False)  # first: a Ray that fails to start leaves nothing behind
     root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     RunState().save(root)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # Ray starts its workers at niceness 15: on a busy machine the replica would then lose the cores to the
-    # in-process engine (niceness 0 in this process), which is not what is being compared
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(address="local", num_cpus=max(args.threads, os.cpu_count() or 1), num_gpus=gpus,
-             include_dashboard=False, log_to_driver=False)
     results = {}
     print(f"model {args.model} on {args.device}; {args.requests_per_client} requests per client, max_tokens "
           f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: 1 replica, {args.threads} torch "
