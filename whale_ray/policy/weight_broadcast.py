@@ -14,6 +14,9 @@ One broadcast. Rank 0 packs its parameters into its buckets (one grouped copy), 
 tensor; tensors sharing storage, a tied lm_head, are sent once) is rank 0's, published in the store when the
 group is built; a replica allocates its receive buckets from it once per group and hands the engine views of
 them (`load_weights` copies them into the model, so the buckets are free again for the next version).
+Rank 0 and every replica keep their buckets between versions: one more copy of the state each (6.9 GB for a
+1.7 B model in float32), on the GPU with nccl. That is meant for roles on GPUs of their own; on one shared
+GPU, `cuda_ipc` needs no copy on the receiving side.
 
 Faults. Every member's wait is bounded by the group's timeout: a member that is gone or never joins makes
 the others raise `WeightBroadcastError` (naming the rank and the cause) within it instead of hanging, and a
