@@ -30,7 +30,7 @@ timeout -k 10 ${BENCH_TIMEOUT:-120} python3 -u benchmarks/serve_throughput.py --
   ${BENCH_ARGS:-} > "$OUT/serve.log" 2>&1
 rc=$?
 # the table and what failed, without Ray's and Serve's log lines
-grep -v -E "^\(|INFO|WARNING|^\s*$|logging\.cc|^\[" "$OUT/serve.log" | tail -40 | tee "$OUT/serve.txt"
+grep -v -E "^\(|INFO|WARNING|^\s*$|logging\.cc|^\[|\(raylet\)|pid=[0-9]+\)" "$OUT/serve.log" | tail -40 | tee "$OUT/serve.txt"
 echo "benchmark rc $rc"
 # what it started and left (a run cut by the timeout leaves Ray's processes): ended by pid
 for p in $(ps -eo pid=); do
