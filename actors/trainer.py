@@ -58,7 +58,7 @@ import torch
 from whale_ray.config import WeightPhaseConfig
 from whale_ray.events import EventLog
 from whale_ray.policy.weight_broadcast import GroupSpec, Sender, WeightBroadcastError
-from whale_ray.policy.weight_sync import Sharer, SharedWeights
+from whale_ray.policy.weight_sync import SharedWeights, Sharer
 from whale_ray.resources import ResourcesConfig
 from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
 
