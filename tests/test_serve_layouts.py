@@ -83,3 +83,16 @@ def test_whale_serve_engine_layout_flag(tiny_policy):
     with pytest.raises(ValueError, match="--engine-layout 'gpu'"):
         endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "gpu"},
                       lambda cfg: tiny_policy)
+
+
+def test_an_engine_actor_the_cluster_cannot_place_is_an_error_not_a_hang(ray_cluster, tiny_policy, monkeypatch):
+    from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig
+    from whale_ray.serve import engines
+    from whale_ray.serve.follow import Weights
+    from whale_ray.serve.spec import for_model
+
+    spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(), sandbox=SandboxConfig(),
+                     serve=ServeConfig(engine_layout="actor", replica_cpus=64))  # the test cluster has 4
+    monkeypatch.setattr(engines, "ENGINE_START_S", 3.0)
+    with pytest.raises(RuntimeError, match="not up after 3 s; it asks for 64 CPU"):
+        engines.start_engines({"policy": Weights(0, str(tiny_policy))}, spec)

@@ -35,6 +35,8 @@ from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve.follow import Weights, load_state_dict
 from whale_ray.serve.spec import EndpointSpec
 
+ENGINE_START_S = 600.0  # the engine actor's start: placed, the model loaded (vLLM on a GPU: under a minute)
+
 
 def _service(weights: Weights, spec: EndpointSpec) -> PolicyService:
     p = spec.policy
@@ -170,4 +172,11 @@ def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, Lo
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor = EngineActor.options(num_cpus=c.replica_cpus, num_gpus=c.replica_gpus,
                                 scheduling_strategy=here).remote(start, spec)
+    try:  # an actor the cluster has no room for stays pending: the replica would wait on it for ever
+        ray.get(actor.__ray_ready__.remote(), timeout=ENGINE_START_S)
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(actor)
+        raise RuntimeError(f"serve.engine_layout actor: the replica's engine actor was not up after {ENGINE_START_S:.0f} s; "
+                           f"it asks for {c.replica_cpus:g} CPU and {c.replica_gpus:g} GPU (serve.replica_cpus, "
+                           "replica_gpus): is there room for it on the cluster?") from None
     return {name: ActorEngine(actor, name, w) for name, w in start.items()}
