@@ -1,15 +1,17 @@
 """The endpoint against the same engine in process, side by side in one run, and the pause a weight swap makes.
 
     .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica]
-        [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4] [--max-tokens 32]
+        [--ingress proxy,direct] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4]
+        [--max-tokens 32]
 
 For 1, 8 and 32 concurrent clients (each sends its requests one after another): requests/s, completion
-tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica, the real `openai.AsyncOpenAI`
+tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica or --replicas, the real `openai.AsyncOpenAI`
 client over loopback HTTP) and through `PolicyService` called in this process, with the same engine settings,
 device and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint /
 in-process, and each side's mean batch per engine pass (the endpoint's from its /health); for each
 serve.engine_layout (actor: the engine in an actor of its own beside the replica; replica: in the replica's
-process) and each policy.batching mode, one deployment each, in turn. Then the HTTP path alone (GET /health,
+process), each serve.ingress (proxy: through Serve's HTTP proxy; direct: to the replica's own HTTP server) and
+each policy.batching mode, one deployment each, in turn. Then the HTTP path alone (GET /health,
 no engine work) and, for a machine whose cores the engine shares with it (on CPU), the ratio it leaves the
 endpoint. Last, 8 streams are read while a new checkpoint lands in the followed run directory: the longest gap
 between two chunks of one stream, with and without the swap.
@@ -33,6 +35,12 @@ import torch
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 MESSAGES = [{"role": "system", "content": "Solve the problem. You can run python."}, {"role": "user", "content": QUESTION}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -162,10 +170,10 @@ def stream_gaps(url: str, land) -> tuple[float, float, set[str]]:
     return quiet, swapped, prints
 
 
-def print_rows(layout: str, mode: str, local: dict, remote: dict, levels: list[int]) -> None:
+def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict, levels: list[int]) -> None:
     for c in levels:
         a, b = local[c], remote[c]
-        print(f"{layout:>7} {mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
+        print(f"{layout:>7} {ingress:>7} {mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
               f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
               f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}",
               flush=True)
@@ -181,12 +189,17 @@ def main() -> None:
     ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="policy.batch_wait_ms, both ways")
     ap.add_argument("--rounds", type=int, default=2, help="alternations per level; the best of each is shown")
     ap.add_argument("--layouts", default="actor,replica", help="serve.engine_layout values to measure in turn")
+    ap.add_argument("--ingress", default="proxy,direct", help="serve.ingress values to measure in turn")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="Serve replicas, each with an engine of its own (ingress proxy only): scaling out, against "
+                         "the one engine in process")
     ap.add_argument("--batching", default="continuous",
                     help="policy.batching modes to measure in turn, both ways (comma-separated: continuous,pass)")
     ap.add_argument("--levels", default="1,8,32", help="concurrent clients (comma-separated)")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    setups = [(layout, mode) for layout in args.layouts.split(",") for mode in args.batching.split(",")]
+    setups = [(layout, ingress, mode) for layout in args.layouts.split(",") for ingress in args.ingress.split(",")
+              for mode in args.batching.split(",")]
     if args.model is None:
         from whale_ray.domain import get_domain
         from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
@@ -211,31 +224,29 @@ def main() -> None:
              include_dashboard=False, log_to_driver=False)  # first: a Ray that fails to start leaves nothing behind
     root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     RunState().save(root)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     results = {}
     print(f"model {args.model} on {args.device}; {args.requests_per_client} requests per client, max_tokens "
-          f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: 1 replica, {args.threads} torch "
+          f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: {args.replicas} replica(s), {args.threads} torch "
           f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
           f"rows per engine step, prefills included (continuous)")
-    print(f"{'layout':>7} {'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} {'p50 s':>6} "
-          f"{'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
+    print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} "
+          f"{'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
           f"{'req/s ratio':>11} {'tok/s ratio':>11}")
     try:
-        for layout, mode in setups:  # one deployment each; the last one also serves the HTTP floor and the swap
+        for layout, ingress, mode in setups:  # a deployment each; the last one also serves the HTTP floor and the swap
             cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms,
                                      "policy.batching": mode, "policy.device": args.device})
             (root / "config.yaml").write_text(dump_config(cfg))  # as a run writes it
             # the replica's CPUs (its engine's torch threads) and GPU: in its process or its engine actor's
-            serve = ServeConfig(port=port, replicas=1, max_concurrent=64, engine_layout=layout,
-                                replica_cpus=args.threads, replica_gpus=gpus)
+            serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, engine_layout=layout, ingress=ingress,
+                                replica_cpus=args.threads, replica_gpus=gpus / args.replicas)
             url = deploy(for_run_dir(root, args.model, serve))
-            results[layout, mode] = asyncio.run(side_by_side(
+            results[layout, ingress, mode] = asyncio.run(side_by_side(
                 in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),
                 endpoint_call(url, args.max_tokens), levels, args.requests_per_client, args.rounds))
-            print_rows(layout, mode, *results[layout, mode], levels)  # as it goes: a run cut short keeps these
-            if (layout, mode) != setups[-1]:
+            # as it goes: a run cut short keeps these
+            print_rows(layout, ingress, mode, *results[layout, ingress, mode], levels)
+            if (layout, ingress, mode) != setups[-1]:
                 undeploy()
 
         def land() -> float:

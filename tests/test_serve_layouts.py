@@ -1,7 +1,8 @@
-"""serve.engine_layout and serve.access_log (whale_ray/serve/engines.py, app.py), on a real Serve app on a local Ray
-cluster with the real `openai` client: with the engine in the replica's process and in an actor of its own, the
+"""serve.engine_layout, serve.ingress and serve.access_log (whale_ray/serve/engines.py, app.py), on a real Serve app
+on a local Ray cluster with the real `openai` client: with the engine in the replica's process and in an actor of
+its own, and with requests through Serve's proxy or straight to the replica (direct ingress, past Serve's proxy), the
 endpoint answers (whole and streamed) what the engine in process answers; /health names the two processes;
-Serve's access log is written only when asked for.
+bad input is still an OpenAI error object; Serve's access log is written only when asked for.
 (tests/test_serve.py runs the rest of the contract on the default layout, replica; the actor layout passed it
 too when it was the default, commit 7c2791e.)"""
 
@@ -33,15 +34,17 @@ def in_process(policy: str, messages=None, prompt=None, **sampling) -> str:
     return engine.generate([GenerationRequest(messages or [], SamplingParams(**sampling), prompt=prompt)])[0].text
 
 
-@pytest.mark.parametrize("layout,access_log", [("replica", True), ("actor", False)])
-def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluster, tiny_policy, layout, access_log):
+@pytest.mark.parametrize("layout,ingress,access_log", [("replica", "proxy", True), ("actor", "proxy", False),
+                                                        ("replica", "direct", False)])
+def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluster, tiny_policy, layout, ingress,
+                                                                     access_log):
     import httpx2
 
     from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig
     from whale_ray.serve.app import deploy, undeploy
     from whale_ray.serve.spec import for_model
 
-    serve = ServeConfig(port=free_port(), replicas=1, engine_layout=layout, access_log=access_log)
+    serve = ServeConfig(port=free_port(), replicas=1, engine_layout=layout, ingress=ingress, access_log=access_log)
     spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(device="cpu"),
                      sandbox=SandboxConfig(), serve=serve)
     logs = Path(ray_cluster._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
@@ -61,17 +64,27 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
         health = httpx2.get(url.removesuffix("/v1") + "/health", timeout=60).json()
         engine_pid, replica_pid = health["batches"]["whale"]["pid"], health["pid"]
         assert (engine_pid == replica_pid) == (layout == "replica")
+        bad = httpx2.post(url + "/chat/completions", content=b"{not json", timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error", bad.text
         assert c.chat.completions.create(model="whale", messages=QUESTION, max_tokens=2).choices  # still serving
+        if ingress == "proxy":  # Serve's ingress is fixed while it runs: the other one is refused, naming both
+            other = spec.model_copy(update={"serve": serve.model_copy(update={"ingress": "direct"})})
+            with pytest.raises(RuntimeError, match="ingress direct: Serve is already running .* with ingress proxy"):
+                deploy(other)
     finally:
         undeploy()
     new = set(logs.glob("replica_*.log")) - before
     assert new, f"no replica log under {logs}"
     access = [line for f in new for line in f.read_text().splitlines() if "POST /v1/chat/completions" in line]
     assert bool(access) == access_log, access[:3]
+    # direct: the replica's own HTTP server on the endpoint's port answered (Serve's proxy, if any, is elsewhere)
+    own = [f for f in new if f"Started HTTP server on port {serve.port}" in f.read_text()]
+    assert bool(own) == (ingress == "direct")
 
 
-def test_whale_serve_engine_layout_flag(tiny_policy):
-    """`whale serve --engine-layout` reaches the spec; a value that is not a layout is one line naming the flag."""
+def test_whale_serve_engine_layout_and_ingress_flags(tiny_policy):
+    """`whale serve --engine-layout` and `--ingress` reach the spec; a value that is not a layout is one line naming
+    the flag, and direct ingress with more than one replica one line naming both."""
     from whale_ray.serve.launch import SERVE_FLAGS, endpoint_spec
 
     flags = dict.fromkeys(SERVE_FLAGS)
@@ -82,6 +95,12 @@ def test_whale_serve_engine_layout_flag(tiny_policy):
                          lambda cfg: tiny_policy).serve.engine_layout == "replica"
     with pytest.raises(ValueError, match="--engine-layout 'gpu'"):
         endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "gpu"},
+                      lambda cfg: tiny_policy)
+    direct = {**flags, "ingress": "direct", "port": 8123}
+    assert endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, direct,
+                         lambda cfg: tiny_policy).serve.ingress == "direct"
+    with pytest.raises(ValueError, match="ingress direct serves from one replica on port 8123; got replicas 2"):
+        endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**direct, "replicas": 2},
                       lambda cfg: tiny_policy)
 
 

@@ -182,6 +182,9 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument("--engine-layout", choices=choices("serve.engine_layout"),
                        help=helps("where each replica's engine runs: an actor of its own, or the replica's process",
                                   "serve.engine_layout"))
+    serve.add_argument("--ingress", choices=choices("serve.ingress"),
+                       help=helps("how requests reach the replica: Serve's proxy, or the replica's own HTTP server "
+                                  "(one replica)", "serve.ingress"))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -308,10 +308,23 @@ class ServeConfig(_Strict):
     # and hop cost more than the GIL it frees. actor is for spare cores beside a GPU engine, where
     # scripts/gpu/serve_h200.sh measures both.
     engine_layout: Literal["actor", "replica"] = "replica"
+    # How requests reach the replica (whale_ray/serve/app.py). proxy: Serve's HTTP proxy on each node, which routes
+    # to the replicas (any count, autoscaling). direct: the replica serves HTTP itself on `port` (Serve's direct
+    # ingress), one process and one hop fewer per request; one replica, which the port belongs to. On the H200 it
+    # served 205 requests/s at 32 clients where the proxy served 132 (README, "Live endpoint"). It needs Serve
+    # started by this endpoint (not one already running on the cluster with its proxies).
+    ingress: Literal["proxy", "direct"] = "proxy"
     access_log: bool = False  # Serve's per-request access log lines (proxy and replica): Python per request
     max_concurrent: int = Field(64, gt=0)  # requests in flight per replica; more get 429 with Retry-After
     api_key_env: Optional[str] = None  # NAME of the variable holding the key clients must send; None = no key
     poll_s: float = Field(0.5, gt=0)  # how often each replica looks at the run directory for new weights
+
+    @model_validator(mode="after")
+    def _direct_has_one_replica(self) -> "ServeConfig":
+        if self.ingress == "direct" and (self.replicas != 1 or self.max_replicas is not None):
+            raise ValueError(f"serve.ingress direct serves from one replica on port {self.port}; got replicas "
+                             f"{self.replicas}, max_replicas {self.max_replicas} (use ingress proxy for more)")
+        return self
 
 
 class EvalConfig(_Strict):

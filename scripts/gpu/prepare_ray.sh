@@ -23,6 +23,10 @@ $PY -m pip download -q $P -d .rw/c0/deps jsonschema==4.26.0 jsonschema-specifica
   rpds-py==2026.9.1 libcst==1.9.0 tensorboardX==2.6.5 \
   uvicorn==0.54.0 httptools==0.9.0 annotated-doc==0.0.7 grpcio-reflection==1.62.3 \
   httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0
+# the rest of the endpoint's Python (vLLM's parts bring the same versions): the endpoint and its benchmark run
+# without vLLM on the GPU (the transformers engine), so these travel here too
+$PY -m pip download -q $P -d .rw/c0/deps pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+  typing-inspection==0.4.5 fastapi==0.136.3 starlette==1.10.0 openai==3.57.0 httpx2==2.16.2 sniffio==1.3.1
 $PY -m pip wheel -q --no-deps -w .rw/c0/deps chess==1.11.2   # an sdist only: built here (pure Python)
 (cd .rw && apt-get download bubblewrap && dpkg -x bubblewrap_*.deb bw && cp bw/usr/bin/bwrap c0/bin/)
 cd .rw/x

@@ -4,13 +4,14 @@
 # spare cores, both serve.engine_layout values side by side in one run. In one device call, once the parts are in
 # ~/vparts, ~/rparts and ~/rdeps (scripts/gpu/README.md: calls 1-2, and call 3 or a later warm call) and
 # .gpu/policy holds the policy checkpoint. The whole log comes back as $OUT/serve.log, the table as serve.txt.
-# Usage, in the checkout's root there: bash scripts/gpu/serve_h200.sh VLLM_SHA256 RAY_SHA256
+# Usage, in the checkout's root there: bash scripts/gpu/serve_h200.sh VLLM_SHA256|none RAY_SHA256
+# (none: without vLLM's parts: prepare_ray.sh's c0 carries the rest of the endpoint's Python, pydantic to openai)
 # (BENCH_TIMEOUT, 120 s by default, bounds the benchmark, which prints each layout's rows as they are measured;
 # BENCH_ARGS are added to its flags)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$SECONDS
-source .gpu/vllm_assemble.sh "$1" || exit 1
+[ "$1" = none ] || source .gpu/vllm_assemble.sh "$1" || exit 1
 source scripts/gpu/assemble.sh "$2" || exit 1
 # Serve's wheels (prepare_ray.sh's c0) where ~/rsite was unpacked before they were added: from .rw/c0/deps when this
 # call carries it, else from ~/rdeps

@@ -5,6 +5,9 @@ Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (both st
 (`system_fingerprint: "whale-v<N>"` and the `x-whale-weight-version` header); every error is an OpenAI error
 object with its status (400 bad input, 401 no or wrong key, 404 unknown model, 413 prompt over the context,
 429 replica full, with Retry-After; 500 only for a fault of ours, without a traceback).
+
+Requests reach the replica through Serve's proxy (serve.ingress proxy) or straight from the client to the
+replica's own HTTP server (direct: Serve's direct ingress, one replica on the port; `_direct_env`).
 """
 
 
@@ -13,6 +16,8 @@ import hashlib
 import hmac
 import logging
 import os
+import socket
+import time
 from typing import Any, Optional
 
 from fastapi import FastAPI, Request
@@ -140,7 +145,40 @@ class WhaleEndpoint:
         return _json(body, version)
 
 
-_started_serve = False  # whether this process started Serve on the cluster (and so may shut it down)
+_started_serve: Optional[str] = None  # the ingress of the Serve this process started (and so may shut down)
+DIRECT_UP_S = 120.0  # ingress direct: how long deploy waits for the replica's own HTTP server to answer
+
+
+def _direct_env(c: Any) -> dict[str, str]:
+    """Serve's direct ingress (serve.ingress direct), set in its controller and the replica: the replica's own HTTP
+    server on `port` (the only port in its range; Serve's fallback proxy on the head node gets another, and no
+    request here goes through it); a port freed by a replica that died is its replacement's at once (the
+    quarantine is for Serve's HAProxy, not used here); and a replica being stopped drains for 1 s instead of 30
+    (no load balancer has to notice it leave)."""
+    return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(c.port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(c.port + 1), "RAY_SERVE_PORT_QUARANTINE_S": "0",
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _wait_direct(url: str) -> None:
+    import httpx2
+
+    deadline = time.monotonic() + DIRECT_UP_S
+    while True:
+        try:
+            httpx2.get(url + "/health", timeout=5).raise_for_status()
+            return
+        except httpx2.HTTPError as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"serve.ingress direct: the replica's HTTP server at {url} did not answer within "
+                                   f"{DIRECT_UP_S:.0f} s ({e}); its log is under the Ray session's logs/serve") from None
+            time.sleep(0.2)
 
 
 def _serve_is_running() -> bool:
@@ -159,17 +197,26 @@ def deploy(spec: EndpointSpec) -> str:
     is up."""
     global _started_serve
     c = spec.serve
-    _started_serve = _started_serve or not _serve_is_running()
+    if _started_serve is None and not _serve_is_running():
+        _started_serve = c.ingress
+    if c.ingress != (_started_serve or "proxy"):  # Serve's ingress is fixed when its controller starts
+        raise RuntimeError(f"serve.ingress {c.ingress}: Serve is already running on this cluster with ingress "
+                           f"{_started_serve or 'proxy (started by another driver)'}; stop it first "
+                           "(`serve shutdown`) or use that ingress")
+    env = _direct_env(c) if c.ingress == "direct" else {}
     # Serve's access log: a line per request in the proxy and again in the replica, written by the Python that
     # also serves the requests (serve.access_log)
     logs = LoggingConfig(enable_access_log=c.access_log)
-    serve.start(http_options={"host": c.host, "port": c.port}, logging_config=logs)
+    # direct: Serve still starts a fallback proxy on the head node; it gets a free port, the replica has c.port
+    serve.start(http_options={"host": c.host, "port": _free_port(c.host) if env else c.port}, logging_config=logs,
+                controller_options={"runtime_env": {"env_vars": env}} if env else None)
     # Serve's own cap sits above ours, so excess requests reach the replica and get a 429, not a queue
     # layout actor: the replica's CPUs and GPUs are its engine actor's (whale_ray/serve/engines.py)
     mine = c.engine_layout == "replica"
     opts: dict[str, Any] = {"max_ongoing_requests": 2 * c.max_concurrent + 8, "logging_config": logs,
                             "ray_actor_options": {"num_cpus": c.replica_cpus if mine else 0,
-                                                  "num_gpus": c.replica_gpus if mine else 0}}
+                                                  "num_gpus": c.replica_gpus if mine else 0,
+                                                  **({"runtime_env": {"env_vars": env}} if env else {})}}
     if c.min_replicas is not None and c.max_replicas is not None:
         opts["autoscaling_config"] = {"min_replicas": c.min_replicas, "max_replicas": c.max_replicas,
                                       "target_ongoing_requests": max(1, c.max_concurrent // 2),
@@ -179,6 +226,8 @@ def deploy(spec: EndpointSpec) -> str:
     services = start_agent_services(spec.config, spec.run_dir) if spec.config is not None else {}
     serve.run(WhaleEndpoint.options(**opts).bind(spec, services), name=APP_NAME, route_prefix="/")
     host = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host
+    if c.ingress == "direct":
+        _wait_direct(f"http://{host}:{c.port}")
     return f"http://{host}:{c.port}/v1"
 
 
@@ -187,6 +236,6 @@ def undeploy() -> None:
     other applications keep their Serve."""
     global _started_serve
     serve.delete(APP_NAME)
-    if _started_serve:
+    if _started_serve is not None:
         serve.shutdown()
-        _started_serve = False
+        _started_serve = None

@@ -15,7 +15,7 @@ from whale_ray.config import PolicyConfig, ServeConfig, WhaleConfig, load_config
 from whale_ray.serve.spec import EndpointSpec, for_model, for_run
 
 SERVE_FLAGS = ("host", "port", "replicas", "min_replicas", "max_replicas", "max_concurrent", "api_key_env",
-               "engine_layout")
+               "engine_layout", "ingress")
 
 
 def endpoint_spec(run_dir: Path | None, model: Path | None, domain: str, harness: Path | None,
@@ -34,6 +34,8 @@ def endpoint_spec(run_dir: Path | None, model: Path | None, domain: str, harness
         serve = ServeConfig.model_validate({**cfg.serve.model_dump(), **given})
     except ValidationError as e:
         err = e.errors()[0]
+        if not err["loc"]:  # a rule over several settings (ServeConfig's validator names them)
+            raise ValueError(err["msg"].removeprefix("Value error, ")) from None
         raise ValueError(f"--{str(err['loc'][0]).replace('_', '-')} {err.get('input')!r}: {err['msg']}") from None
     if run_dir is not None:
         return for_run(cfg, base_model(cfg), serve)
