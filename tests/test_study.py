@@ -49,6 +49,7 @@ def test_study_runs_each_pair_on_one_budget_and_resumes(made_study):
         cfg = load_recorded_config(run / "config.yaml")
         assert (cfg.condition, f"s{cfg.seed}", cfg.E, cfg.I, cfg.cycles) == (*name.split("-"), E, SMALL["I"], 1)
         assert RunState.load(run).finished and starts(run) == 1 and check_placed(run)
+        assert (run / "report" / "index.html").is_file()  # each run's own page, as `whale run` writes it
         assert str(run) in output  # where each pair is
     ended = [span for name in sorted(pairs) for span in spans(root / name)]
     assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(ended) for b in ended[i + 1:]), ended  # side by side

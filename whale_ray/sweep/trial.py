@@ -161,6 +161,12 @@ def run_trial(params: dict[str, Any]) -> None:
         raise
     finally:
         _record(cfg.run_dir, event="end", outcome=outcome, trial_id=trial_id)
+    try:  # each run's report page, as `whale run` writes it (whale compare links them); never a reason to fail
+        from whale_ray.report import write_report
+
+        write_report(cfg.run_dir)
+    except Exception as e:  # noqa: BLE001
+        _record(cfg.run_dir, event="report", error=repr(e)[:300], trial_id=trial_id)
     if history and history[-1].cycle not in reported:
         report(history[-1])  # also a finished run resumed after its last report was lost
 
