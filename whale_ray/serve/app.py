@@ -26,6 +26,7 @@ from ray import serve
 from ray.serve.schema import LoggingConfig
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from whale_ray.config import ServeConfig
 from whale_ray.serve import openai_api as api
 from whale_ray.serve.agent import AgentRequest, start_agent_services
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
@@ -149,7 +150,7 @@ _started_serve: Optional[str] = None  # the ingress of the Serve this process st
 DIRECT_UP_S = 120.0  # ingress direct: how long deploy waits for the replica's own HTTP server to answer
 
 
-def _direct_env(c: Any) -> dict[str, str]:
+def _direct_env(c: ServeConfig) -> dict[str, str]:
     """Serve's direct ingress (serve.ingress direct), set in its controller and the replica: the replica's own HTTP
     server on `port` (the only port in its range; Serve's fallback proxy on the head node gets another, and no
     request here goes through it); a port freed by a replica that died is its replacement's at once (the
