@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -35,12 +34,6 @@ import torch
 
 QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 MESSAGES = [{"role": "system", "content": "Solve the problem. You can run python."}, {"role": "user", "content": QUESTION}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -214,7 +207,7 @@ def main() -> None:
 
     from whale_ray.config import ServeConfig, dump_config, load_config
     from whale_ray.run_state import RunState
-    from whale_ray.serve.app import deploy, undeploy
+    from whale_ray.serve.app import deploy, free_port, undeploy
     from whale_ray.serve.spec import for_run_dir
 
     # Ray starts its workers at niceness 15: on a busy machine the replica would then lose the cores to the

@@ -161,7 +161,8 @@ def _direct_env(c: ServeConfig) -> dict[str, str]:
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, on `host`."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -209,7 +210,7 @@ def deploy(spec: EndpointSpec) -> str:
     # also serves the requests (serve.access_log)
     logs = LoggingConfig(enable_access_log=c.access_log)
     # direct: Serve still starts a fallback proxy on the head node; it gets a free port, the replica has c.port
-    serve.start(http_options={"host": c.host, "port": _free_port(c.host) if env else c.port}, logging_config=logs,
+    serve.start(http_options={"host": c.host, "port": free_port(c.host) if env else c.port}, logging_config=logs,
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
     # Serve's own cap sits above ours, so excess requests reach the replica and get a 429, not a queue
     # layout actor: the replica's CPUs and GPUs are its engine actor's (whale_ray/serve/engines.py)
