@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica]
         [--ingress proxy,direct] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4]
-        [--max-tokens 32]
+        [--max-tokens 32] [--profile SECONDS --profile-dir DIR]
 
 For 1, 8 and 32 concurrent clients (each sends its requests one after another): requests/s, completion
 tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica or --replicas, the real `openai.AsyncOpenAI`
@@ -163,6 +163,50 @@ def stream_gaps(url: str, land) -> tuple[float, float, set[str]]:
     return quiet, swapped, prints
 
 
+def profile(url: str, setup: str, seconds: float, out: Path, per_client: int) -> None:
+    """py-spy (on PATH) on the replica's process and its engine's (one process in the replica layout) while 32
+    clients keep the endpoint busy: samples of the thread holding the GIL only (`--gil`), so a process's samples
+    over rate x seconds is its GIL's busy share, and each thread's share says who holds it. Raw stacks are
+    written to `out`; a line per process is printed."""
+    import subprocess
+
+    import httpx2
+
+    health = httpx2.get(url.removesuffix("/v1") + "/health", timeout=60).json()
+    pids = {"replica": health["pid"], "engine": health["batches"]["whale-latest"]["pid"]}
+    out.mkdir(parents=True, exist_ok=True)
+    rate = 200
+    spies = {role: subprocess.Popen(["py-spy", "record", "--gil", "--threads", "--nonblocking", "-r", str(rate),
+                                     "-d", str(int(seconds)), "-f", "raw", "-o", str(out / f"{setup}-{role}.txt"),
+                                     "-p", str(pid)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for role, pid in pids.items() if role == "replica" or pid != pids["replica"]}
+
+    async def load() -> None:  # until the profiles end
+        import openai
+
+        async with openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600) as client:
+            async def call(seed: int) -> int:
+                r = await client.chat.completions.create(model="whale-latest", messages=MESSAGES, max_tokens=32,
+                                                         temperature=1.0, seed=seed, extra_body={"top_k": 20})
+                return r.usage.completion_tokens
+            while any(p.poll() is None for p in spies.values()):
+                await closed_loop(call, 32, per_client)
+    asyncio.run(load())
+    for role, spy in spies.items():
+        f = out / f"{setup}-{role}.txt"
+        threads: dict[str, int] = {}
+        if not f.exists():
+            print(f"py-spy on the {role} process wrote nothing: {spy.stdout.read()[-300:]}")
+            continue
+        for line in f.read_text().splitlines():
+            stack, _, n = line.rpartition(" ")
+            thread = stack.split(";", 1)[0]
+            threads[thread] = threads.get(thread, 0) + int(n)
+        top = ", ".join(f"{t[:40]} {n / (rate * seconds):.0%}" for t, n in sorted(threads.items(), key=lambda x: -x[1])[:4])
+        print(f"GIL held in the {role} process ({pids[role]}, {setup}): {sum(threads.values()) / (rate * seconds):.0%} "
+              f"of {seconds:g} s; by thread: {top or 'no samples'}", flush=True)
+
+
 def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict, levels: list[int]) -> None:
     for c in levels:
         a, b = local[c], remote[c]
@@ -189,6 +233,10 @@ def main() -> None:
     ap.add_argument("--batching", default="continuous",
                     help="policy.batching modes to measure in turn, both ways (comma-separated: continuous,pass)")
     ap.add_argument("--levels", default="1,8,32", help="concurrent clients (comma-separated)")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="after each setup's rounds, this many seconds of py-spy (on PATH) on its replica and engine "
+                         "processes under 32 clients (raw stacks into --profile-dir)")
+    ap.add_argument("--profile-dir", default="serve-profiles")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     setups = [(layout, ingress, mode) for layout in args.layouts.split(",") for ingress in args.ingress.split(",")
@@ -239,6 +287,8 @@ def main() -> None:
                 endpoint_call(url, args.max_tokens), levels, args.requests_per_client, args.rounds))
             # as it goes: a run cut short keeps these
             print_rows(layout, ingress, mode, *results[layout, ingress, mode], levels)
+            if args.profile:
+                profile(url, f"{layout}-{ingress}-{mode}", args.profile, Path(args.profile_dir), args.requests_per_client)
             if (layout, ingress, mode) != setups[-1]:
                 undeploy()
 

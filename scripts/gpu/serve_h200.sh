@@ -7,7 +7,8 @@
 # Usage, in the checkout's root there: bash scripts/gpu/serve_h200.sh VLLM_SHA256|none RAY_SHA256
 # (none: without vLLM's parts: prepare_ray.sh's c0 carries the rest of the endpoint's Python, pydantic to openai)
 # (BENCH_TIMEOUT, 120 s by default, bounds the benchmark, which prints each layout's rows as they are measured;
-# BENCH_ARGS are added to its flags)
+# BENCH_ARGS are added to its flags; without .gpu/policy the embedded math policy is built here first; with py-spy's
+# wheel in .gpu/pyspy, BENCH_ARGS="--profile 8" profiles each setup, the raw stacks coming back as profiles.tgz)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$SECONDS
@@ -23,6 +24,14 @@ if ! python3 -c "import uvicorn, httptools, grpc_reflection, annotated_doc, http
 fi
 python3 -c "import ray.serve, openai, grpc, google.protobuf as pb; print('ray.serve imports; grpcio', grpc.__version__, 'protobuf', pb.__version__, 'openai', openai.__version__)" || exit 1
 echo "[assembled in $((SECONDS - t0)) s]"
+# no policy carried: the embedded 1200-step math policy, built here on the GPU (a minute or so)
+if [ ! -e .gpu/policy ]; then
+  mkdir -p .gpu && ln -s "$(python3 -c "from pathlib import Path; from whale_ray.domain import get_domain; \
+from whale_ray.policy.tiny import build_embedded_policy as b; print(b(get_domain('math_reasoning'), cache_dir=Path.home() / 'wc', device='cuda'))" | tail -1)" .gpu/policy || exit 1
+  echo "[policy built in $((SECONDS - t0)) s]"
+fi
+# py-spy for --profile, where the call carries its wheel
+ls .gpu/pyspy/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target ~/spy .gpu/pyspy/*.whl && export PATH=~/spy/bin:$PATH
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
 echo "cores: $(nproc); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -32,6 +41,7 @@ timeout -k 10 ${BENCH_TIMEOUT:-120} python3 -u benchmarks/serve_throughput.py --
 rc=$?
 # the table and what failed, without Ray's and Serve's log lines
 grep -v -E "^\(|INFO|WARNING|^\s*$|logging\.cc|^\[|\(raylet\)|pid=[0-9]+\)" "$OUT/serve.log" | tail -40 | tee "$OUT/serve.txt"
+[ -d serve-profiles ] && tar czf "$OUT/profiles.tgz" serve-profiles
 echo "benchmark rc $rc"
 # what it started and left (a run cut by the timeout leaves Ray's processes): ended by pid
 for p in $(ps -eo pid=); do

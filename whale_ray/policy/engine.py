@@ -30,6 +30,10 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     # A raw text prompt (text completions), tokenised as given without a chat template; `messages` is then unused.
     prompt: Optional[str] = None
+    # The prompt's ids as `encode_prompts` gives them, where the trusted side that made the request has already
+    # counted them (the endpoint's replica, bounding the prompt by the context): the engine then skips its own
+    # chat template and tokenisation, which would hold its process's GIL between forward passes.
+    prompt_ids: Optional[list[int]] = None
     # Called from the engine's thread with (token id, weight version) as each token is sampled (streaming).
     # TransformersEngine calls it; engines that do not stream leave it uncalled and the caller sends the whole
     # completion at the end.
@@ -77,6 +81,9 @@ def check_request(request: GenerationRequest) -> None:
         for i, m in enumerate(msgs):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
                 raise ValueError(f"messages[{i}] must be a dict with string 'role' and 'content', got {m!r}")
+    ids = request.prompt_ids
+    if ids is not None and not (isinstance(ids, list) and ids and all(isinstance(i, int) and i >= 0 for i in ids)):
+        raise ValueError(f"prompt_ids must be a non-empty list of token ids, got {ids!r:.80}")
     s = request.sampling
     if not isinstance(s.max_tokens, int) or s.max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive integer, got {s.max_tokens!r}")
@@ -112,11 +119,13 @@ def drain_commands(commands: queue.SimpleQueue, block: bool, take: Callable[[tup
 
 def encode_prompts(tokenizer: Any, requests: list[GenerationRequest]) -> list[list[int]]:
     """The trusted side's prompt ids: the chat template with the generation prompt (or a raw `prompt` as given),
-    tokenised without extra special tokens. Every engine uses this, so the same messages give the same ids
-    everywhere."""
+    tokenised without extra special tokens; a request's own `prompt_ids` where it carries them. Every engine uses
+    this, so the same messages give the same ids everywhere."""
+    todo = [r for r in requests if r.prompt_ids is None]
     texts = [r.prompt if r.prompt is not None else
-             tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in requests]
-    return tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+             tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in todo]
+    fresh = iter(tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else [])
+    return [list(r.prompt_ids) if r.prompt_ids is not None else next(fresh) for r in requests]
 
 
 def eos_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model_path: Path | str) -> list[int]:

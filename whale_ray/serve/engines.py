@@ -12,8 +12,8 @@ renders, counts and bounds prompts itself), `version`, `complete` (streaming thr
   replica (the route, the body, the reply, request metrics, the access log); beside the engine's sampling
   thread in one process that Python holds the GIL the engine needs between its forward passes (py-spy on the
   replica, 2 cores, 32 clients: the engine thread ran in ~18 % of samples). In an actor of its own the engine
-  has its process's GIL to itself; a request costs one actor call more, and a stream one call per batch of
-  tokens (`EngineActor.stream` sends what was sampled since its last send). Each replica keeps its own engines,
+  has its process's GIL to itself; the requests and their tokens and outputs cross in batches (one actor call per
+  batch of arrivals, one streamed object per batch of events: whale_ray/serve/channel.py). Each replica keeps its own engines,
   so a weight swap is what it was: the replica loads each version into them, and the requests in flight
   finish on the weights they started with.
 """
@@ -21,7 +21,6 @@ renders, counts and bounds prompts itself), `version`, `complete` (streaming thr
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from typing import AsyncIterator
 
@@ -32,6 +31,7 @@ from whale_ray.policy.engine import GenerationOutput, GenerationRequest, check_r
 from whale_ray.policy.serving import PolicyService, to_call
 from whale_ray.policy.tiny import load_tokenizer
 from whale_ray.records import ModelCall, SamplingParams
+from whale_ray.serve.channel import DONE, FAILED, TOKEN, Channel, Outbox, portable
 from whale_ray.serve.follow import Weights, load_state_dict
 from whale_ray.serve.spec import EndpointSpec
 
@@ -80,74 +80,74 @@ class LocalEngine:
 
 @ray.remote
 class EngineActor:
-    """One replica's `PolicyService`s, by model name, in a process of their own (the module docstring says why)."""
+    """One replica's `PolicyService`s, by model name, in a process of their own (the module docstring says why),
+    fed and read in batches through whale_ray/serve/channel.py."""
 
     def __init__(self, start: dict[str, Weights], spec: EndpointSpec):
         _threads(spec)
         self.services = {name: _service(w, spec) for name, w in start.items()}
+        self.tasks: dict[int, asyncio.Task] = {}  # the requests in flight, by the replica's ids
+        self.submits = 0  # calls that brought requests (fewer than the requests: they come in batches)
+        self._outbox: Outbox | None = None
+
+    def outbox(self) -> Outbox:
+        if self._outbox is None:  # made on the actor's event loop, where its reader runs
+            self._outbox = Outbox(asyncio.get_running_loop())
+        return self._outbox
 
     def max_context(self, name: str) -> int:
         return self.services[name].engine.max_context
 
-    async def complete(self, name: str, request: GenerationRequest) -> GenerationOutput:
-        return await self.services[name].complete(request)
+    async def submit(self, name: str, batch: list[tuple[int, GenerationRequest, bool]]) -> None:
+        """Starts each (request id, request, stream?) of `batch`; what becomes of them comes out of `events`."""
+        box, service = self.outbox(), self.services[name]
+        self.submits += 1
+        for rid, request, stream in batch:
+            if stream:
+                request.on_token = lambda t, v, rid=rid: box.put((TOKEN, rid, t, v))
+            task = asyncio.ensure_future(service.complete(request))
+            self.tasks[rid] = task
+            task.add_done_callback(lambda t, rid=rid: self._finished(rid, t))
 
-    async def stream(self, name: str, request: GenerationRequest) -> AsyncIterator[list[tuple[int, int]] | GenerationOutput]:
-        """Lists of (token, weight version) as they are sampled, each holding what came since the last one (one
-        Ray object per list, not per token, when the replica reads slower than the engine samples), then the
-        output."""
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        request.on_token = lambda t, v: loop.call_soon_threadsafe(events.put_nowait, (t, v))
-        task = asyncio.ensure_future(self.services[name].complete(request))
-        # the engine's thread calls on_token before it resolves the future, and both reach this loop through
-        # call_soon_threadsafe in that order: every token is queued before the end is
-        task.add_done_callback(lambda _: events.put_nowait(None))
+    def _finished(self, rid: int, task: asyncio.Task) -> None:
+        self.tasks.pop(rid, None)
+        if task.cancelled():  # by the replica: nobody waits for it
+            return
+        error = task.exception()
+        self.outbox().put((DONE, rid, task.result()) if error is None else (FAILED, rid, portable(error)))
+
+    def cancel(self, rids: list[int]) -> None:
+        for rid in rids:
+            task = self.tasks.get(rid)
+            if task is not None:
+                task.cancel()
+
+    async def events(self) -> AsyncIterator[list[tuple]]:
+        """Every event since the last item, for as long as the replica reads (one reader: its `Channel`)."""
+        box = self.outbox()
         while True:
-            got = [await events.get()]
-            while not events.empty():
-                got.append(events.get_nowait())
-            tokens = [e for e in got if e is not None]
-            if tokens:
-                yield tokens
-            if None in got:
-                yield task.result()
-                return
+            yield await box.take()
 
     async def load(self, name: str, weights: Weights) -> int:
         return await _load(self.services[name], weights)
 
     def stats(self, name: str) -> dict[str, float]:
-        return {**self.services[name].stats(), "pid": os.getpid()}  # the engine's process (GET /health shows it)
+        # the engine's process (GET /health shows it), and the hop's batching (all models together)
+        return {**self.services[name].stats(), "pid": os.getpid(), "submits": self.submits, "in_flight": len(self.tasks)}
 
 
 class ActorEngine:
-    """One model of the replica's `EngineActor`."""
+    """One model of the replica's `EngineActor`, reached through the replica's one `Channel` to it."""
 
-    def __init__(self, actor: "ray.actor.ActorHandle", name: str, weights: Weights):
-        self.actor, self.name = actor, name
+    def __init__(self, actor: "ray.actor.ActorHandle", channel: Channel, name: str, weights: Weights):
+        self.actor, self.channel, self.name = actor, channel, name
         self.tokenizer = load_tokenizer(weights.path)
         self.max_context: int = ray.get(actor.max_context.remote(name))
         self.version = weights.version  # this replica alone loads weights into its actor
 
     async def complete(self, request: GenerationRequest) -> GenerationOutput:
         check_request(request)  # refused here, without a round trip
-        on_token = request.on_token
-        plain = dataclasses.replace(request, on_token=None)  # a callback into this process does not travel
-        try:
-            if on_token is None:
-                return await self.actor.complete.remote(self.name, plain)
-            out = None
-            async for ref in self.actor.stream.remote(self.name, plain):
-                item = await ref
-                if isinstance(item, GenerationOutput):
-                    out = item
-                else:
-                    for token, version in item:
-                        on_token(token, version)
-            assert out is not None, "EngineActor.stream ended without its output"
-            return out
-        except ray.exceptions.RayTaskError as e:
-            raise e.cause from None  # the engine's own error (the replica maps it), not Ray's wrapper
+        return await self.channel.complete(self.name, request)
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
         request = GenerationRequest(messages, sampling)
@@ -179,4 +179,5 @@ def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, Lo
         raise RuntimeError(f"serve.engine_layout actor: the replica's engine actor was not up after {ENGINE_START_S:.0f} s; "
                            f"it asks for {c.replica_cpus:g} CPU and {c.replica_gpus:g} GPU (serve.replica_cpus, "
                            "replica_gpus): is there room for it on the cluster?") from None
-    return {name: ActorEngine(actor, name, w) for name, w in start.items()}
+    channel = Channel(actor)
+    return {name: ActorEngine(actor, channel, name, w) for name, w in start.items()}

@@ -125,14 +125,15 @@ class Replica:
         """n requests per prompt (choice i seeded seed + i), and the prompt tokens counted once per prompt."""
         prompt_tokens, out = 0, []
         for b in base:
-            length = len(encode_prompts(m.tokenizer, [b])[0])
+            ids = encode_prompts(m.tokenizer, [b])[0]  # counted here, and handed on: the engine need not tokenise
+            length = len(ids)
             if length >= m.max_context:
                 raise ApiError(413, f"the prompt is {length} tokens; model {m.name!r} has a context of "
                                     f"{m.max_context}", param="messages" if b.prompt is None else "prompt",
                                code="context_length_exceeded")
             prompt_tokens += length
             tokens = budget or m.max_context - length  # none given: until eos or the context is full
-            out += [GenerationRequest(b.messages, req.sampling(tokens, top, i), prompt=b.prompt)
+            out += [GenerationRequest(b.messages, req.sampling(tokens, top, i), prompt=b.prompt, prompt_ids=ids)
                     for i in range(req.n)]
         return out, prompt_tokens
 

@@ -1,0 +1,107 @@
+"""whale_ray/serve/channel.py: the batched hop between a replica and its engine actor, against a real `EngineActor`
+on a local Ray cluster and the same engine in this process (tests/test_serve_layouts.py runs it behind Serve)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+
+from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig
+from whale_ray.policy import GenerationRequest, TransformersEngine
+from whale_ray.records import SamplingParams
+
+
+def _actor(tiny_policy: str):
+    from whale_ray.serve.engines import EngineActor
+    from whale_ray.serve.follow import Weights
+    from whale_ray.serve.spec import for_model
+
+    spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(device="cpu"),
+                     sandbox=SandboxConfig(), serve=ServeConfig(engine_layout="actor", replica_cpus=1))
+    return EngineActor.options(num_cpus=1).remote({"whale": Weights(0, tiny_policy)}, spec)
+
+
+def _requests(n: int, max_tokens: int = 16) -> list[GenerationRequest]:
+    return [GenerationRequest([{"role": "user", "content": f"What is {i} + {2 * i}?"}],
+                              SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=20, seed=i)) for i in range(n)]
+
+
+def test_concurrent_requests_cross_in_one_call_and_equal_the_engine_in_process(ray_cluster, tiny_policy):
+    from whale_ray.serve.channel import Channel
+
+    requests = _requests(24)
+    expected = TransformersEngine(tiny_policy, device="cpu").generate(copy.deepcopy(requests))
+    actor = _actor(tiny_policy)
+    streamed: dict[int, list[tuple[int, int]]] = {i: [] for i in range(0, 24, 3)}
+    for i in streamed:
+        requests[i].on_token = lambda t, v, i=i: streamed[i].append((t, v))
+
+    async def go():
+        channel = Channel(actor)
+        outs = await asyncio.gather(*(channel.complete("whale", r) for r in requests))
+        again = await channel.complete("whale", _requests(1)[0])  # the reader, started by the first batch, goes on
+        return outs, again
+
+    outs, again = asyncio.run(go())
+    assert [o.completion_ids for o in outs] == [e.completion_ids for e in expected]
+    assert [o.text for o in outs] == [e.text for e in expected]
+    assert again.completion_ids == expected[0].completion_ids
+    for i, tokens in streamed.items():  # every token streamed, in order, before the output came
+        assert [t for t, _ in tokens] == outs[i].completion_ids and {v for _, v in tokens} == {0}
+    stats = ray_cluster.get(actor.stats.remote("whale"))
+    assert stats["submits"] == 2 and stats["in_flight"] == 0  # 24 requests in one call, then the 25th
+
+
+def _long(tiny_policy: str) -> list[tuple[GenerationRequest, int]]:
+    """Seeded requests that run for 200 tokens or more (sampled hot, so the tiny policy's eos comes late), each with
+    its length in process."""
+    requests = [GenerationRequest([{"role": "user", "content": "Count."}],
+                                  SamplingParams(max_tokens=400, temperature=3.0, top_k=0, seed=s)) for s in range(16)]
+    outs = TransformersEngine(tiny_policy, device="cpu").generate(copy.deepcopy(requests))
+    long = [(r, len(o.completion_ids)) for r, o in zip(requests, outs) if len(o.completion_ids) >= 200]
+    assert len(long) >= 3, [len(o.completion_ids) for o in outs]
+    return long
+
+
+def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_cluster, tiny_policy):
+    from whale_ray.serve.channel import Channel
+
+    long = _long(tiny_policy)
+    actor = _actor(tiny_policy)
+
+    async def go():
+        channel = Channel(actor)
+        first = asyncio.Event()
+        request, length = long[0]
+        request.on_token = lambda t, v: first.set()
+        task = asyncio.ensure_future(channel.complete("whale", request))
+        await asyncio.wait_for(first.wait(), 120)
+        task.cancel()  # as Serve does when the client goes away
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(600):
+            stats = ray_cluster.get(actor.stats.remote("whale"))
+            if stats["in_flight"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the cancelled request is still in flight in the engine actor")
+        assert stats["tokens"] < length, stats  # its row left the engine before its end
+        bad = GenerationRequest([{"role": "user", "content": "x"}], SamplingParams(max_tokens=4), prompt_ids=[-1])
+        with pytest.raises(ValueError, match="prompt_ids must be a non-empty list of token ids"):
+            await channel.complete("whale", bad)  # the engine's refusal, as a ValueError (the replica's 400)
+        ok = await channel.complete("whale", _requests(1)[0])  # and the channel goes on
+        started = [asyncio.Event() for _ in long]
+        for (r, _), e in zip(long, started):
+            r.on_token = lambda t, v, e=e: e.set()
+        pending = [asyncio.ensure_future(channel.complete("whale", r)) for r, _ in long]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+        ray_cluster.kill(actor)  # the engine actor dies with requests in flight: each fails, naming it
+        errors = await asyncio.gather(*pending, return_exceptions=True)
+        return ok, errors
+
+    ok, errors = asyncio.run(go())
+    assert ok.completion_ids
+    assert all(isinstance(e, RuntimeError) and "engine actor" in str(e) for e in errors), errors
