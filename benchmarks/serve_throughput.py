@@ -13,7 +13,10 @@ serve.engine_layout (actor: the engine in an actor of its own beside the replica
 process), each serve.ingress (proxy: through Serve's HTTP proxy; direct: to the replica's own HTTP server) and
 each policy.batching mode, one deployment each, in turn. Then the HTTP path alone (GET /health,
 no engine work) and, for a machine whose cores the engine shares with it (on CPU), the ratio it leaves the
-endpoint. Last, 8 streams are read while a new checkpoint lands in the followed run directory: the longest gap
+endpoint. With --profile, each setup is then profiled under 32 clients (py-spy on the replica's and the engine's
+processes; the mean time a request spent at the client, in the replica's handler and in its completion, from the
+replies' Server-Timing headers). The `idle` columns: the share of each round the engine waited with nothing to run
+(in process and in the endpoint). Last, 8 streams are read while a new checkpoint lands in the followed run directory: the longest gap
 between two chunks of one stream, with and without the swap.
 Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default. With --device cuda both
 engines (in process and the endpoint's) are on the GPU and the endpoint's overhead runs on the spare cores:
@@ -43,8 +46,9 @@ def pct(xs: list[float], q: float) -> float:
 
 async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[str, float]:
     """`clients` clients, each awaiting `per_client` calls in turn; call(seed) -> completion tokens; `counts()`,
-    the engine's (passes, requests) so far, gives the mean batch of the round."""
-    before = await counts() if counts else (0, 0)
+    the engine's (passes, requests, idle seconds) so far, gives the mean batch of the round and the share of it
+    that the engine waited with nothing to run."""
+    before = await counts() if counts else (0, 0, 0.0)
     latencies: list[float] = []
     tokens = [0]
 
@@ -57,9 +61,10 @@ async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[
     t0 = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(clients)))
     wall = time.perf_counter() - t0
-    after = await counts() if counts else (1, 0)
+    after = await counts() if counts else (1, 0, 0.0)
     return {"req_s": len(latencies) / wall, "tok_s": tokens[0] / wall, "p50": pct(latencies, 0.5),
-            "p99": pct(latencies, 0.99), "batch": (after[1] - before[1]) / max(1, after[0] - before[0])}
+            "p99": pct(latencies, 0.99), "batch": (after[1] - before[1]) / max(1, after[0] - before[0]),
+            "idle": (after[2] - before[2]) / wall}
 
 
 def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str, device: str):
@@ -73,9 +78,9 @@ def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str, 
                                                               seed=seed))
         return len(out.completion_ids)
 
-    async def counts() -> tuple[int, int]:
+    async def counts() -> tuple[int, int, float]:
         s = service.stats()
-        return s["batches"], s.get("tokens", s["requests"])  # continuous: rows per engine step
+        return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0)  # continuous: rows per engine step
     return call, counts
 
 
@@ -91,12 +96,12 @@ def endpoint_call(url: str, max_tokens: int):
                                                 temperature=1.0, seed=seed, extra_body={"top_k": 20})
         return r.usage.completion_tokens
 
-    async def counts() -> tuple[int, int]:  # the replica's batcher, from /health
+    async def counts() -> tuple[int, int, float]:  # the replica's batcher, from /health
         import httpx2
 
         async with httpx2.AsyncClient() as c:
             s = (await c.get(url.removesuffix("/v1") + "/health")).json()["batches"]["whale-latest"]
-        return s["batches"], s.get("tokens", s["requests"])
+        return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0)
     return call, counts
 
 
@@ -186,12 +191,23 @@ def profile(url: str, setup: str, seconds: float, out: Path, per_client: int) ->
 
         async with openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600) as client:
             async def call(seed: int) -> int:
-                r = await client.chat.completions.create(model="whale-latest", messages=MESSAGES, max_tokens=32,
-                                                         temperature=1.0, seed=seed, extra_body={"top_k": 20})
+                t0 = time.perf_counter()
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="whale-latest", messages=MESSAGES, max_tokens=32, temperature=1.0, seed=seed,
+                    extra_body={"top_k": 20})
+                r = raw.parse()
+                timing = dict(x.strip().split(";dur=") for x in raw.headers["server-timing"].split(","))
+                spans.append((time.perf_counter() - t0, float(timing["handler"]) / 1e3, float(timing["completion"]) / 1e3))
                 return r.usage.completion_tokens
             while any(p.poll() is None for p in spies.values()):
                 await closed_loop(call, 32, per_client)
+    spans: list[tuple[float, float, float]] = []
     asyncio.run(load())
+    client_s, handler_s, completion_s = (sum(x) / len(spans) for x in zip(*spans))
+    print(f"where a request's time went ({setup}, 32 clients, {len(spans)} requests, means): {client_s * 1e3:.1f} ms "
+          f"at the client, {handler_s * 1e3:.1f} ms in the replica's handler, of it {completion_s * 1e3:.1f} ms in the "
+          f"completion (rendering, the engine's queue and passes); so {(client_s - handler_s) * 1e3:.1f} ms on the "
+          f"HTTP path (client, Serve, the handler's way in and out)", flush=True)
     for role, spy in spies.items():
         f = out / f"{setup}-{role}.txt"
         threads: dict[str, int] = {}
@@ -212,7 +228,8 @@ def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict, 
         a, b = local[c], remote[c]
         print(f"{layout:>7} {ingress:>7} {mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
               f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
-              f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f}",
+              f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f} | "
+              f"{a['idle']:>7.0%} {b['idle']:>7.0%}",
               flush=True)
 
 
@@ -272,7 +289,7 @@ def main() -> None:
           f"rows per engine step, prefills included (continuous)")
     print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} "
           f"{'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
-          f"{'req/s ratio':>11} {'tok/s ratio':>11}")
+          f"{'req/s ratio':>11} {'tok/s ratio':>11} | {'idle in':>7} {'idle ep':>7}")
     try:
         for layout, ingress, mode in setups:  # a deployment each; the last one also serves the HTTP floor and the swap
             cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms,

@@ -218,4 +218,5 @@ class PolicyService:
         # a "batch" is one engine step here: its mean is the rows per forward pass, prefills included
         steps, tokens = self.engine.steps, self.engine.tokens
         return {"batches": steps, "requests": self._requests, "tokens": tokens,
-                "mean_batch": tokens / steps if steps else 0.0, "busy_s": 0.0}
+                "mean_batch": tokens / steps if steps else 0.0, "busy_s": 0.0,
+                "idle_s": round(getattr(self.engine, "idle_s", 0.0), 4)}

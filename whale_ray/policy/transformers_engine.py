@@ -20,6 +20,7 @@ import inspect
 import queue
 import random
 import threading
+import time
 from collections import deque
 from pathlib import Path
 
@@ -105,6 +106,7 @@ class TransformersEngine:
         self._waiting: deque = deque()  # submitted, not admitted yet (no room, or a reload is waiting)
         self._reloads: list[tuple] = []  # load_weights commands, run once nothing is live
         self._waited = 0  # decode steps the waiting requests have been kept out of a running batch
+        self._idle_s, self._idle_since = 0.0, None  # seconds the thread waited with nothing to run; since when
         self._thread = threading.Thread(target=self._serve, name="transformers-engine", daemon=True)
         self._thread.start()
 
@@ -201,11 +203,26 @@ class TransformersEngine:
             self._commands.put(("close",))
             self._thread.join()
 
+    @property
+    def idle_s(self) -> float:
+        """Seconds the engine's thread has waited with nothing live or waiting, the wait under way included."""
+        since = self._idle_since
+        return self._idle_s + (time.perf_counter() - since if since is not None else 0.0)
+
     # -- the engine thread ---------------------------------------------------------------------------------
 
     def _serve(self) -> None:
         batch = self._batch
-        while drain_commands(self._commands, not batch and not self._waiting and not self._reloads, self._take):
+        while True:
+            idle = not batch and not self._waiting and not self._reloads
+            if idle:  # nothing to run until a command comes: the callers, not the engine, set the pace
+                self._idle_since = time.perf_counter()
+            going = drain_commands(self._commands, idle, self._take)
+            if idle:
+                self._idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
+            if not going:
+                break
             if self._reloads and not batch:
                 self._reload()
             room = self.max_batch - len(batch) if (self._joins or not batch) and not self._reloads else 0

@@ -58,8 +58,8 @@ async def _fault(_: Request, e: Exception) -> JSONResponse:
                         status_code=500)
 
 
-def _json(body: dict[str, Any], version: int) -> JSONResponse:
-    return JSONResponse(body, headers={VERSION_HEADER: str(version)})
+def _json(body: dict[str, Any], version: int, timing: str = "") -> JSONResponse:
+    return JSONResponse(body, headers={VERSION_HEADER: str(version), **({"Server-Timing": timing} if timing else {})})
 
 
 @serve.deployment(name="WhaleEndpoint")
@@ -102,16 +102,21 @@ class WhaleEndpoint:
         return JSONResponse({"object": "list", "data": data})
 
     async def _complete(self, request: Request, chat: bool) -> Any:
+        t0 = time.perf_counter()
         await self._enter(request)
         req = api.parse(ChatRequest if chat else CompletionRequest, await request.body())
         n = req.n * (1 if chat else len(req.prompts()))
         release = self.replica.admit(n)
         if not req.stream:
             try:
+                t1 = time.perf_counter()
                 body, version = await (self.replica.chat(req) if chat else self.replica.completion(req))
             finally:
                 release()
-            return _json(body, version)
+            # where a reply's time went on this side (the client's latency less these is the HTTP path): the
+            # handler, and of it the completion (the prompt's rendering, the engine's queue and passes, the reply)
+            t2 = time.perf_counter()
+            return _json(body, version, f"handler;dur={1000 * (t2 - t0):.2f}, completion;dur={1000 * (t2 - t1):.2f}")
         try:
             version, chunks = await self.replica.stream(chat, req)
         except BaseException:
