@@ -2,11 +2,12 @@
 
     .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica]
         [--ingress proxy,direct] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4]
-        [--max-tokens 32] [--profile SECONDS --profile-dir DIR]
+        [--max-tokens 32] [--client-procs 1] [--profile SECONDS --profile-dir DIR]
 
 For 1, 8 and 32 concurrent clients (each sends its requests one after another): requests/s, completion
 tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica or --replicas, the real `openai.AsyncOpenAI`
-client over loopback HTTP) and through `PolicyService` called in this process, with the same engine settings,
+client over loopback HTTP, from this process or spread over --client-procs processes) and through `PolicyService`
+called in this process, with the same engine settings,
 device and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint /
 in-process, and each side's mean batch per engine pass (the endpoint's from its /health); for each
 serve.engine_layout (actor: the engine in an actor of its own beside the replica; replica: in the replica's
@@ -105,6 +106,69 @@ def endpoint_call(url: str, max_tokens: int):
     return call, counts
 
 
+def _client_process(conn, url: str, max_tokens: int) -> None:
+    """One process of endpoint clients (--client-procs): runs the closed loops the parent sends, (first client,
+    clients, requests each), and sends back (start, end, latencies, completion tokens), on the system's monotonic
+    clock, which every process shares."""
+    call, _ = endpoint_call(url, max_tokens)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        while (job := await loop.run_in_executor(None, conn.recv)) is not None:
+            first, clients, per_client = job
+            latencies: list[float] = []
+            tokens = [0]
+
+            async def client(i: int) -> None:
+                for j in range(per_client):
+                    t0 = time.monotonic()
+                    n = await call((first + i) * 1000 + j)  # the seeds the in-process clients use
+                    tokens[0] += n
+                    latencies.append(time.monotonic() - t0)
+            start = time.monotonic()
+            await asyncio.gather(*(client(i) for i in range(clients)))
+            conn.send((start, time.monotonic(), latencies, tokens[0]))
+    asyncio.run(serve())
+
+
+class ClientProcesses:
+    """The endpoint's clients spread over `n` processes (real clients do not share one Python process, whose
+    event loop and the openai client's parsing would otherwise bound the endpoint at many clients)."""
+
+    def __init__(self, n: int, url: str, max_tokens: int):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.conns, self.procs = [], []
+        for _ in range(n):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_client_process, args=(child, url, max_tokens), daemon=True)
+            p.start()
+            self.conns.append(parent)
+            self.procs.append(p)
+
+    async def round(self, clients: int, per_client: int, counts) -> dict[str, float]:
+        loop = asyncio.get_running_loop()
+        before = await counts()
+        n = len(self.conns)
+        sizes = [clients // n + (k < clients % n) for k in range(n)]
+        busy = [(conn, sum(sizes[:k]), size) for k, (conn, size) in enumerate(zip(self.conns, sizes)) if size]
+        for conn, first, size in busy:
+            conn.send((first, size, per_client))
+        replies = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn, _, _ in busy))
+        after = await counts()
+        wall = max(r[1] for r in replies) - min(r[0] for r in replies)
+        latencies = [x for r in replies for x in r[2]]
+        return {"req_s": len(latencies) / wall, "tok_s": sum(r[3] for r in replies) / wall,
+                "p50": pct(latencies, 0.5), "p99": pct(latencies, 0.99),
+                "batch": (after[1] - before[1]) / max(1, after[0] - before[0]), "idle": (after[2] - before[2]) / wall}
+
+    def close(self) -> None:
+        for conn, p in zip(self.conns, self.procs):
+            conn.send(None)
+            p.join(timeout=30)
+
+
 def health_call(url: str):
     """GET /health: the HTTP path (client, Serve's proxy, the replica's routes) without any engine work."""
     import httpx2
@@ -119,10 +183,12 @@ def health_call(url: str):
     return call
 
 
-async def side_by_side(local, remote, levels: list[int], per_client: int, rounds: int) -> tuple[dict, dict]:
+async def side_by_side(local, remote, levels: list[int], per_client: int, rounds: int,
+                       procs: ClientProcesses | None = None) -> tuple[dict, dict]:
     """Per level, `rounds` alternations of in-process then endpoint; the best round of each (the machine's other
     load varies from minute to minute: interleaving and best-of keep it out of the ratio as far as one run can).
-    One event loop for all: the in-process batcher's worker lives in it."""
+    One event loop for all: the in-process batcher's worker lives in it. With `procs`, the endpoint's clients run
+    in those processes instead of this one."""
     best_local: dict[int, dict[str, float]] = {}
     best_remote: dict[int, dict[str, float]] = {}
     (local, local_counts), (remote, remote_counts) = local, remote
@@ -131,7 +197,8 @@ async def side_by_side(local, remote, levels: list[int], per_client: int, rounds
     for c in levels:
         for _ in range(rounds):
             a = await closed_loop(local, c, per_client, local_counts)
-            b = await closed_loop(remote, c, per_client, remote_counts)
+            b = await (procs.round(c, per_client, remote_counts) if procs else
+                       closed_loop(remote, c, per_client, remote_counts))
             if c not in best_local or a["req_s"] > best_local[c]["req_s"]:
                 best_local[c] = a
             if c not in best_remote or b["req_s"] > best_remote[c]["req_s"]:
@@ -250,6 +317,8 @@ def main() -> None:
     ap.add_argument("--batching", default="continuous",
                     help="policy.batching modes to measure in turn, both ways (comma-separated: continuous,pass)")
     ap.add_argument("--levels", default="1,8,32", help="concurrent clients (comma-separated)")
+    ap.add_argument("--client-procs", type=int, default=1,
+                    help="processes the endpoint's clients are spread over (the in-process clients stay in this one)")
     ap.add_argument("--profile", type=int, default=0,
                     help="after each setup's rounds, this many seconds of py-spy (on PATH) on its replica and engine "
                          "processes under 32 clients (raw stacks into --profile-dir)")
@@ -284,7 +353,8 @@ def main() -> None:
     RunState().save(root)
     results = {}
     print(f"model {args.model} on {args.device}; {args.requests_per_client} requests per client, max_tokens "
-          f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: {args.replicas} replica(s), {args.threads} torch "
+          f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: {args.replicas} replica(s), clients in "
+          f"{args.client_procs} process(es), {args.threads} torch "
           f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
           f"rows per engine step, prefills included (continuous)")
     print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} "
@@ -299,9 +369,14 @@ def main() -> None:
             serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, engine_layout=layout, ingress=ingress,
                                 replica_cpus=args.threads, replica_gpus=gpus / args.replicas)
             url = deploy(for_run_dir(root, args.model, serve))
-            results[layout, ingress, mode] = asyncio.run(side_by_side(
-                in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),
-                endpoint_call(url, args.max_tokens), levels, args.requests_per_client, args.rounds))
+            procs = ClientProcesses(args.client_procs, url, args.max_tokens) if args.client_procs > 1 else None
+            try:
+                results[layout, ingress, mode] = asyncio.run(side_by_side(
+                    in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),
+                    endpoint_call(url, args.max_tokens), levels, args.requests_per_client, args.rounds, procs))
+            finally:
+                if procs:
+                    procs.close()
             # as it goes: a run cut short keeps these
             print_rows(layout, ingress, mode, *results[layout, ingress, mode], levels)
             if args.profile:
