@@ -61,9 +61,16 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
         chunks = [ch.choices[0].delta.content for ch in stream if ch.choices and ch.choices[0].delta.content]
         assert "".join(chunks) == in_process(tiny_policy, QUESTION, max_tokens=24, temperature=0)
         assert len(chunks) > 3  # as it is sampled (through the actor: a list of tokens per read), not all at the end
+        raw = c.chat.completions.with_raw_response.create(model="whale", messages=QUESTION, max_tokens=4)
+        timing = dict(x.strip().split(";dur=") for x in raw.headers["server-timing"].split(","))
+        assert 0 < float(timing["completion"]) <= float(timing["handler"]), timing  # ms, the one within the other
         health = httpx2.get(url.removesuffix("/v1") + "/health", timeout=60).json()
-        engine_pid, replica_pid = health["batches"]["whale"]["pid"], health["pid"]
+        stats = health["batches"]["whale"]
+        engine_pid, replica_pid = stats["pid"], health["pid"]
         assert (engine_pid == replica_pid) == (layout == "replica")
+        assert stats["idle_s"] > 0  # the engine waited between the requests above
+        if layout == "actor":  # every request crossed the hop, none is left in flight there
+            assert stats["submits"] == stats["requests"] == 4 and stats["in_flight"] == 0, stats
         bad = httpx2.post(url + "/chat/completions", content=b"{not json", timeout=60)
         assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error", bad.text
         assert c.chat.completions.create(model="whale", messages=QUESTION, max_tokens=2).choices  # still serving
