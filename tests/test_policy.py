@@ -652,6 +652,21 @@ def test_prompt_longer_than_context(engine):
     assert len(out[1].completion_ids) > 0
 
 
+def test_a_request_carrying_its_prompt_ids_runs_on_them(engine):
+    """The endpoint's replica hands the engine the ids it counted: the engine runs on them as given (the messages are
+    not tokenised again), and the output is that of the same prompt tokenised by the engine."""
+    from whale_ray.policy.engine import encode_prompts
+
+    plain = ask("What is 2 + 3?", max_tokens=8, temperature=0)
+    ids = encode_prompts(engine.tokenizer, [plain])[0]
+    carried = dataclasses.replace(ask("something else entirely", max_tokens=8, temperature=0), prompt_ids=list(ids))
+    a, b = engine.generate([plain, carried])
+    assert b.prompt_ids == a.prompt_ids == ids and b.completion_ids == a.completion_ids and b.text == a.text
+    for bad in ([], [1, -2], "12", [1.5]):
+        with pytest.raises(ValueError, match="prompt_ids must be a non-empty list of token ids"):
+            engine.generate([dataclasses.replace(plain, prompt_ids=bad)])
+
+
 def test_bad_requests_are_refused(engine):
     for sampling, msg in [({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"),
                           ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"), ({"stop": "x"}, "stop"),
