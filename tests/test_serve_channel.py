@@ -13,6 +13,15 @@ from whale_ray.policy import GenerationRequest, TransformersEngine
 from whale_ray.records import SamplingParams
 
 
+@pytest.fixture
+def engine_actor(ray_cluster, tiny_policy):
+    """An `EngineActor` on the session's cluster, killed after the test: it holds one of the cluster's CPUs, which
+    the tests after this one need."""
+    actor = _actor(tiny_policy)
+    yield actor
+    ray_cluster.kill(actor)
+
+
 def _actor(tiny_policy: str):
     from whale_ray.serve.engines import EngineActor
     from whale_ray.serve.follow import Weights
@@ -28,12 +37,12 @@ def _requests(n: int, max_tokens: int = 16) -> list[GenerationRequest]:
                               SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=20, seed=i)) for i in range(n)]
 
 
-def test_concurrent_requests_cross_in_one_call_and_equal_the_engine_in_process(ray_cluster, tiny_policy):
+def test_concurrent_requests_cross_in_one_call_and_equal_the_engine_in_process(ray_cluster, tiny_policy, engine_actor):
     from whale_ray.serve.channel import Channel
 
     requests = _requests(24)
     expected = TransformersEngine(tiny_policy, device="cpu").generate(copy.deepcopy(requests))
-    actor = _actor(tiny_policy)
+    actor = engine_actor
     streamed: dict[int, list[tuple[int, int]]] = {i: [] for i in range(0, 24, 3)}
     for i in streamed:
         requests[i].on_token = lambda t, v, i=i: streamed[i].append((t, v))
@@ -65,11 +74,11 @@ def _long(tiny_policy: str) -> list[tuple[GenerationRequest, int]]:
     return long
 
 
-def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_cluster, tiny_policy):
+def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_cluster, tiny_policy, engine_actor):
     from whale_ray.serve.channel import Channel
 
     long = _long(tiny_policy)
-    actor = _actor(tiny_policy)
+    actor = engine_actor
 
     async def go():
         channel = Channel(actor)
