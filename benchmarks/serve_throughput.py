@@ -103,6 +103,11 @@ def endpoint_call(url: str, max_tokens: int):
         async with httpx2.AsyncClient() as c:
             s = (await c.get(url.removesuffix("/v1") + "/health")).json()["batches"]["whale-latest"]
         return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0)
+
+    async def close() -> None:  # in the loop that made the client (else its connections close after the loop)
+        if ac:
+            await ac.pop().close()
+    call.close = close
     return call, counts
 
 
@@ -128,6 +133,7 @@ def _client_process(conn, url: str, max_tokens: int) -> None:
             start = time.monotonic()
             await asyncio.gather(*(client(i) for i in range(clients)))
             conn.send((start, time.monotonic(), latencies, tokens[0]))
+        await call.close()
     asyncio.run(serve())
 
 
@@ -180,7 +186,20 @@ def health_call(url: str):
             ac.append(httpx2.AsyncClient(timeout=600))
         (await ac[0].get(url.removesuffix("/v1") + "/health")).raise_for_status()
         return 0
+
+    async def close() -> None:
+        if ac:
+            await ac.pop().aclose()
+    call.close = close
     return call
+
+
+async def health_round(url: str, clients: int, per_client: int) -> dict[str, float]:
+    call = health_call(url)
+    try:
+        return await closed_loop(call, clients, per_client)
+    finally:
+        await call.close()
 
 
 async def side_by_side(local, remote, levels: list[int], per_client: int, rounds: int,
@@ -203,6 +222,7 @@ async def side_by_side(local, remote, levels: list[int], per_client: int, rounds
                 best_local[c] = a
             if c not in best_remote or b["req_s"] > best_remote[c]["req_s"]:
                 best_remote[c] = b
+    await remote.close()
     return best_local, best_remote
 
 
@@ -229,6 +249,7 @@ def stream_gaps(url: str, land) -> tuple[float, float, set[str]]:
             await asyncio.get_running_loop().run_in_executor(None, land)
             tasks += [asyncio.create_task(one(100 + i)) for i in range(8)]  # these run on the new weights
         await asyncio.gather(*tasks)
+        await ac.close()
         return gaps[0], prints
     quiet, _ = asyncio.run(streams(False))
     swapped, prints = asyncio.run(streams(True))
@@ -394,7 +415,7 @@ def main() -> None:
             state = RunState(weight_version=1, checkpoint="checkpoints/v00001")
             state.save(root)
             return time.perf_counter() - t0
-        floor = max((asyncio.run(closed_loop(health_call(url), levels[-1], 4 * args.requests_per_client))
+        floor = max((asyncio.run(health_round(url, levels[-1], 4 * args.requests_per_client))
                      for _ in range(args.rounds)), key=lambda r: r["req_s"])
         quiet, swapped, prints = stream_gaps(url, land)
     finally:
