@@ -45,27 +45,37 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[str, float]:
-    """`clients` clients, each awaiting `per_client` calls in turn; call(seed) -> completion tokens; `counts()`,
-    the engine's (passes, requests, idle seconds) so far, gives the mean batch of the round and the share of it
-    that the engine waited with nothing to run."""
-    before = await counts() if counts else (0, 0, 0.0)
+async def run_clients(call, clients: int, per_client: int, first: int = 0) -> tuple[float, float, list[float], int]:
+    """`clients` clients (numbered from `first`), each awaiting `per_client` calls in turn; call(seed) -> completion
+    tokens. (start, end, latencies, completion tokens), on the system's monotonic clock, which every process shares."""
     latencies: list[float] = []
     tokens = [0]
 
     async def client(i: int) -> None:
         for j in range(per_client):
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             n = await call(i * 1000 + j)  # not `tokens[0] += await ...`: that reads tokens[0] before the await,
             tokens[0] += n  # and concurrent clients then overwrite each other's counts
-            latencies.append(time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    await asyncio.gather(*(client(i) for i in range(clients)))
-    wall = time.perf_counter() - t0
-    after = await counts() if counts else (1, 0, 0.0)
-    return {"req_s": len(latencies) / wall, "tok_s": tokens[0] / wall, "p50": pct(latencies, 0.5),
+            latencies.append(time.monotonic() - t0)
+    start = time.monotonic()
+    await asyncio.gather(*(client(first + i) for i in range(clients)))
+    return start, time.monotonic(), latencies, tokens[0]
+
+
+def summary(wall: float, latencies: list[float], tokens: int, before: tuple, after: tuple) -> dict[str, float]:
+    """A round's numbers; `before` and `after`, the engine's (passes, requests, idle seconds) around it, give its
+    mean batch and the share of it that the engine waited with nothing to run."""
+    return {"req_s": len(latencies) / wall, "tok_s": tokens / wall, "p50": pct(latencies, 0.5),
             "p99": pct(latencies, 0.99), "batch": (after[1] - before[1]) / max(1, after[0] - before[0]),
             "idle": (after[2] - before[2]) / wall}
+
+
+async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[str, float]:
+    """`run_clients` in this process, summed up (with `counts()`, the engine's counters, where given)."""
+    before = await counts() if counts else (0, 0, 0.0)
+    start, end, latencies, tokens = await run_clients(call, clients, per_client)
+    after = await counts() if counts else (1, 0, 0.0)
+    return summary(end - start, latencies, tokens, before, after)
 
 
 def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str, device: str):
@@ -120,19 +130,8 @@ def _client_process(conn, url: str, max_tokens: int) -> None:
     async def serve() -> None:
         loop = asyncio.get_running_loop()
         while (job := await loop.run_in_executor(None, conn.recv)) is not None:
-            first, clients, per_client = job
-            latencies: list[float] = []
-            tokens = [0]
-
-            async def client(i: int) -> None:
-                for j in range(per_client):
-                    t0 = time.monotonic()
-                    n = await call((first + i) * 1000 + j)  # the seeds the in-process clients use
-                    tokens[0] += n
-                    latencies.append(time.monotonic() - t0)
-            start = time.monotonic()
-            await asyncio.gather(*(client(i) for i in range(clients)))
-            conn.send((start, time.monotonic(), latencies, tokens[0]))
+            first, clients, per_client = job  # the seeds of clients first.. are those the in-process clients use
+            conn.send(await run_clients(call, clients, per_client, first))
         await call.close()
     asyncio.run(serve())
 
@@ -164,10 +163,7 @@ class ClientProcesses:
         replies = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn, _, _ in busy))
         after = await counts()
         wall = max(r[1] for r in replies) - min(r[0] for r in replies)
-        latencies = [x for r in replies for x in r[2]]
-        return {"req_s": len(latencies) / wall, "tok_s": sum(r[3] for r in replies) / wall,
-                "p50": pct(latencies, 0.5), "p99": pct(latencies, 0.99),
-                "batch": (after[1] - before[1]) / max(1, after[0] - before[0]), "idle": (after[2] - before[2]) / wall}
+        return summary(wall, [x for r in replies for x in r[2]], sum(r[3] for r in replies), before, after)
 
     def close(self) -> None:
         for conn, p in zip(self.conns, self.procs):
