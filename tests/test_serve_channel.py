@@ -17,19 +17,15 @@ from whale_ray.records import SamplingParams
 def engine_actor(ray_cluster, tiny_policy):
     """An `EngineActor` on the session's cluster, killed after the test: it holds one of the cluster's CPUs, which
     the tests after this one need."""
-    actor = _actor(tiny_policy)
-    yield actor
-    ray_cluster.kill(actor)
-
-
-def _actor(tiny_policy: str):
     from whale_ray.serve.engines import EngineActor
     from whale_ray.serve.follow import Weights
     from whale_ray.serve.spec import for_model
 
     spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(device="cpu"),
                      sandbox=SandboxConfig(), serve=ServeConfig(engine_layout="actor", replica_cpus=1))
-    return EngineActor.options(num_cpus=1).remote({"whale": Weights(0, tiny_policy)}, spec)
+    actor = EngineActor.options(num_cpus=1).remote({"whale": Weights(0, tiny_policy)}, spec)
+    yield actor
+    ray_cluster.kill(actor)
 
 
 def _requests(n: int, max_tokens: int = 16) -> list[GenerationRequest]:
@@ -42,13 +38,12 @@ def test_concurrent_requests_cross_in_one_call_and_equal_the_engine_in_process(r
 
     requests = _requests(24)
     expected = TransformersEngine(tiny_policy, device="cpu").generate(copy.deepcopy(requests))
-    actor = engine_actor
     streamed: dict[int, list[tuple[int, int]]] = {i: [] for i in range(0, 24, 3)}
     for i in streamed:
         requests[i].on_token = lambda t, v, i=i: streamed[i].append((t, v))
 
     async def go():
-        channel = Channel(actor)
+        channel = Channel(engine_actor)
         outs = await asyncio.gather(*(channel.complete("whale", r) for r in requests))
         again = await channel.complete("whale", _requests(1)[0])  # the reader, started by the first batch, goes on
         return outs, again
@@ -59,7 +54,7 @@ def test_concurrent_requests_cross_in_one_call_and_equal_the_engine_in_process(r
     assert again.completion_ids == expected[0].completion_ids
     for i, tokens in streamed.items():  # every token streamed, in order, before the output came
         assert [t for t, _ in tokens] == outs[i].completion_ids and {v for _, v in tokens} == {0}
-    stats = ray_cluster.get(actor.stats.remote("whale"))
+    stats = ray_cluster.get(engine_actor.stats.remote("whale"))
     assert stats["submits"] == 2 and stats["in_flight"] == 0  # 24 requests in one call, then the 25th
 
 
@@ -78,10 +73,9 @@ def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_c
     from whale_ray.serve.channel import Channel
 
     long = _long(tiny_policy)
-    actor = engine_actor
 
     async def go():
-        channel = Channel(actor)
+        channel = Channel(engine_actor)
         first = asyncio.Event()
         request, length = long[0]
         request.on_token = lambda t, v: first.set()
@@ -91,7 +85,7 @@ def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_c
         with pytest.raises(asyncio.CancelledError):
             await task
         for _ in range(600):
-            stats = ray_cluster.get(actor.stats.remote("whale"))
+            stats = ray_cluster.get(engine_actor.stats.remote("whale"))
             if stats["in_flight"] == 0:
                 break
             await asyncio.sleep(0.05)
@@ -107,7 +101,7 @@ def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_c
             r.on_token = lambda t, v, e=e: e.set()
         pending = [asyncio.ensure_future(channel.complete("whale", r)) for r, _ in long]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
-        ray_cluster.kill(actor)  # the engine actor dies with requests in flight: each fails, naming it
+        ray_cluster.kill(engine_actor)  # the engine actor dies with requests in flight: each fails, naming it
         errors = await asyncio.gather(*pending, return_exceptions=True)
         return ok, errors
 
