@@ -104,8 +104,11 @@ def test_the_other_kills_and_the_retriever(tmp_path, ray_cluster, embedded_polic
 def test_a_role_lost_for_good_rolls_the_run_back_to_its_last_commit(tmp_path, ray_cluster, tiny_policy, bwrap):
     """No restarts allowed (faults.actor_restarts 0): the PolicyServer SIGKILLed mid-iteration and later the
     proposer ray.kill-ed each roll the run back to its last commit with fresh actors, in the same launch; the
-    episodes the dead PolicyServer cut short are run again, not recorded as failures."""
-    cfg = small_config(tmp_path / "run", condition="mh_only", cycles=1, I=3, faults__actor_restarts=0,
+    episodes the dead PolicyServer cut short are run again, not recorded as failures. I is 4 so that the proposer
+    still has a session ahead (iteration 4's, seconds away) when the kill after iteration 2 lands: the offline
+    proposer can finish iteration 3's within the injector's poll, and a kill of an idle proposer whose work is
+    done needs no recovery."""
+    cfg = small_config(tmp_path / "run", condition="mh_only", cycles=1, I=4, faults__actor_restarts=0,
                        faults__poll_s=0.3)
     faults = [Fault("policy_server", "sigkill", "harness", cycle=0, after_units=1),
               Fault("proposer", "ray_kill", "harness", cycle=0, after_units=2)]
