@@ -8,7 +8,8 @@
 # (none: without vLLM's parts: prepare_ray.sh's c0 carries the rest of the endpoint's Python, pydantic to openai)
 # (BENCH_TIMEOUT, 120 s by default, bounds the benchmark, which prints each layout's rows as they are measured;
 # BENCH_ARGS are added to its flags; without .gpu/policy the embedded math policy is built here first; with py-spy's
-# wheel in .gpu/pyspy, BENCH_ARGS="--profile 8" profiles each setup, the raw stacks coming back as profiles.tgz)
+# wheel in .gpu/pyspy, BENCH_ARGS="--profile 8" profiles each setup, the raw stacks coming back as profiles.tgz;
+# BENCH=benchmarks/engine_in_worker.py runs that benchmark instead, with the same --device and --model)
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$SECONDS
@@ -36,18 +37,18 @@ nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
 echo "cores: $(nproc); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 before=" $(ps -eo pid= | tr '\n' ' ') "
-timeout -k 10 ${BENCH_TIMEOUT:-120} python3 -u benchmarks/serve_throughput.py --device cuda --model .gpu/policy \
+timeout -k 10 ${BENCH_TIMEOUT:-120} python3 -u ${BENCH:-benchmarks/serve_throughput.py} --device cuda --model .gpu/policy \
   ${BENCH_ARGS:-} > "$OUT/serve.log" 2>&1
 rc=$?
 # the table and what failed, without Ray's and Serve's log lines
 grep -v -E "^\(|INFO|WARNING|^\s*$|logging\.cc|^\[|\(raylet\)|pid=[0-9]+\)" "$OUT/serve.log" | tail -40 | tee "$OUT/serve.txt"
-[ -d serve-profiles ] && tar czf "$OUT/profiles.tgz" serve-profiles
+for d in serve-profiles engine-profiles; do [ -d $d ] && tar czf "$OUT/$d.tgz" $d; done
 echo "benchmark rc $rc"
 # what it started and left (a run cut by the timeout leaves Ray's processes): ended by pid
 for p in $(ps -eo pid=); do
   case "$before" in *" $p "*) continue;; esac
   cmd=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null)
-  case "$cmd" in *ray*|*serve_throughput*) echo "left running: pid $p (${cmd:0:80}); killing it"; kill -9 "$p";; esac
+  case "$cmd" in *ray*|*serve_throughput*|*engine_in_worker*) echo "left running: pid $p (${cmd:0:80}); killing it"; kill -9 "$p";; esac
 done
 echo "[total $((SECONDS - t0)) s]"
 exit $rc
