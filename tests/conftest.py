@@ -5,7 +5,9 @@ from __future__ import annotations
 import functools
 import os
 import re
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -157,3 +159,45 @@ def ray_cluster():
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # never a `ray start` one
     yield ray
     ray.shutdown()
+
+
+def _live_actors() -> dict[str, str] | None:
+    """{actor id: class name} of the live actors this test process owns on the cluster it is connected to (None:
+    it is connected to none). Owned here: made by the test or its fixtures, not by an actor (Ray Train's workers,
+    a Trainer's, start on first use and belong to it). Through the GCS's actor table (ray._private.state): the
+    public state API needs the dashboard, which the tests' clusters run without."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    from ray.core.generated import gcs_pb2
+
+    me = bytes.fromhex(ray.get_runtime_context().get_worker_id())
+    live = {}
+    for raw in ray._private.state.state._connect_and_get_accessor().get_actor_table(None, None):
+        a = gcs_pb2.ActorTableData.FromString(raw)
+        if a.owner_address.worker_id == me and gcs_pb2.ActorTableData.ActorState.Name(a.state) != "DEAD":
+            live[a.actor_id.hex()] = a.class_name
+    return live
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_actors():
+    """A test that leaves an actor of its own alive fails here, naming the actor, and the actor is killed.
+    Left alone, a leaked actor keeps its CPUs on the cluster later tests share, and a later test then waits for
+    them without end: one clear failure instead of a hung suite. Actors made by fixtures of a wider scope are
+    there before the test starts, so they are not counted."""
+    before = _live_actors()
+    yield
+    if before is None:
+        return
+    deadline = time.monotonic() + 15  # ray.kill and a finished Train/Tune run free their actors asynchronously
+    while (now := _live_actors()) is not None and set(now) - set(before) and time.monotonic() < deadline:
+        time.sleep(0.25)
+    leaked = {aid: name for aid, name in (now or {}).items() if aid not in before}
+    if not leaked:
+        return
+    ray = sys.modules["ray"]
+    for aid in leaked:  # by id (the test's handles may be out of reach): the GCS ends it for good
+        ray._private.worker.global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(aid)), True)
+    pytest.fail(f"the test left {len(leaked)} Ray actor(s) alive: {', '.join(sorted(leaked.values()))} "
+                "(killed now; kill an actor the test makes, e.g. in its fixture's teardown)")
