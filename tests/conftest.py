@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import re
 import sys
@@ -180,24 +181,24 @@ def _live_actors() -> dict[str, str] | None:
     return live
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_actors():
-    """A test that leaves an actor of its own alive fails here, naming the actor, and the actor is killed.
-    Left alone, a leaked actor keeps its CPUs on the cluster later tests share, and a later test then waits for
-    them without end: one clear failure instead of a hung suite. Actors made by fixtures of a wider scope are
-    there before the test starts, so they are not counted."""
-    before = _live_actors()
+@pytest.fixture(scope="module", autouse=True)
+def no_leaked_actors(request):
+    """A test module that leaves an actor of its own alive fails here, naming the actors, and they are killed.
+    Left alone, a leaked actor keeps its CPUs on the cluster later modules share, and a later test then waits for
+    them without end (it happened): one clear failure instead of a hung suite. Per module, not per test: a
+    module-scoped fixture's actor registers with the GCS asynchronously, so a per-test snapshot can miss it, and
+    this fixture is torn down after the module's own fixtures, which end their actors."""
+    before = _live_actors() or {}
     yield
-    if before is None:
-        return
-    deadline = time.monotonic() + 15  # ray.kill and a finished Train/Tune run free their actors asynchronously
+    gc.collect()  # a handle held only by a reference cycle (an exception's traceback, say) ends its actor here
+    deadline = time.monotonic() + 15  # ray.kill, a dropped handle, a finished Train/Tune run: freed asynchronously
     while (now := _live_actors()) is not None and set(now) - set(before) and time.monotonic() < deadline:
         time.sleep(0.25)
     leaked = {aid: name for aid, name in (now or {}).items() if aid not in before}
     if not leaked:
         return
     ray = sys.modules["ray"]
-    for aid in leaked:  # by id (the test's handles may be out of reach): the GCS ends it for good
+    for aid in leaked:  # by id (the tests' handles may be out of reach): the GCS ends it for good
         ray._private.worker.global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(aid)), True)
-    pytest.fail(f"the test left {len(leaked)} Ray actor(s) alive: {', '.join(sorted(leaked.values()))} "
-                "(killed now; kill an actor the test makes, e.g. in its fixture's teardown)")
+    pytest.fail(f"{request.module.__name__} left {len(leaked)} Ray actor(s) alive: {', '.join(sorted(leaked.values()))} "
+                "(killed now; kill the actors a test or fixture makes when it is done)")

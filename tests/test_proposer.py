@@ -567,4 +567,6 @@ def test_harness_proposer_actor_on_local_ray(tmp_path: Path, ray_cluster) -> Non
     broken = HarnessProposer.remote("oracle", SKILL, 0)
     with pytest.raises(Exception, match="unknown proposer kind 'oracle'"):
         ray.get(broken.session.remote(str(a.root), 1, 2), timeout=120)
+    for handle in (actor, broken):
+        ray.kill(handle)
 

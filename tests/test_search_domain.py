@@ -488,9 +488,11 @@ def test_retriever_actor_on_ray(ray_cluster, tmp_path):
     with pytest.raises(DataError, match="needs retrieval.corpus_path"):
         DOMAIN.start_services(files, splits=None)
     with loopback_server() as (_, base):  # a retriever service error comes back to the tool as RetrievalError
-        broken = retrieval.search_tool(start_retriever(RetrievalConfig(kind="http", url=f"{base}/not-json")))
+        http = start_retriever(RetrievalConfig(kind="http", url=f"{base}/not-json"))
         with pytest.raises(RetrievalError, match="not JSON"):
-            broken("q")
+            retrieval.search_tool(http)("q")
+    for actor in (handle, from_file, http):
+        ray_cluster.kill(actor)
 
 
 # --- verifier and judge ----------------------------------------------------------------------------
