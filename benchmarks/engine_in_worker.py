@@ -31,6 +31,7 @@ from pathlib import Path
 
 import ray
 import torch
+from serve_throughput import thread_samples  # this folder is on sys.path when the script runs
 
 RATE = 100  # py-spy's samples per second
 MESSAGES = [{"role": "system", "content": "Solve the problem. You can run python."},
@@ -106,11 +107,7 @@ def spy(pid: int, seconds: int, out: Path) -> subprocess.Popen:
 def thread_shares(path: Path, seconds: int) -> str:
     """Per thread, the share of the profile's time it was running (py-spy keeps only samples of running threads
     without --idle; a thread waiting for the GIL sleeps, so it is not running)."""
-    total: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        thread = stack.split(";", 1)[0]
-        total[thread] = total.get(thread, 0) + int(n)
+    total = thread_samples(path)
     return ", ".join(f"{t[:48]} {n / (RATE * seconds):.0%}" for t, n in sorted(total.items(), key=lambda kv: -kv[1])[:6])
 
 
@@ -163,12 +160,12 @@ def main() -> None:
                 f = out / f"{s}.txt"
                 print(f"py-spy, {s}: " + (thread_shares(f, args.profile) if f.exists() else proc.stdout.read()[-300:]), flush=True)
         mine = here.process()
-        for s, a in remote.items():
-            theirs = ray.get(a.process.remote())
+        theirs = {s: ray.get(a.process.remote()) for s, a in remote.items()}
+        for s, other in theirs.items():
             for k in mine:
-                if k != "env" and mine[k] != theirs[k]:
-                    print(f"differs ({s}): {k}: here {mine[k]}, actor {theirs[k]}")
-        env_a, env_b = mine["env"], ray.get(next(iter(remote.values())).process.remote())["env"] if remote else {}
+                if k != "env" and mine[k] != other[k]:
+                    print(f"differs ({s}): {k}: here {mine[k]}, actor {other[k]}")
+        env_a, env_b = mine["env"], next(iter(theirs.values()))["env"] if theirs else {}
         for k in sorted(set(env_a) | set(env_b)):
             if env_a.get(k) != env_b.get(k) and not k.startswith(("RAY_", "PYTHONPATH")):
                 print(f"env differs: {k}: here {env_a.get(k)!r:.80}, actor {env_b.get(k)!r:.80}")

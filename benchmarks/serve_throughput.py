@@ -252,6 +252,16 @@ def stream_gaps(url: str, land) -> tuple[float, float, set[str]]:
     return quiet, swapped, prints
 
 
+def thread_samples(path: Path) -> dict[str, int]:
+    """Samples per thread in a py-spy `--threads -f raw` file (each line: `thread;frame;...;frame count`)."""
+    threads: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        thread = stack.split(";", 1)[0]
+        threads[thread] = threads.get(thread, 0) + int(n)
+    return threads
+
+
 def profile(url: str, setup: str, seconds: float, out: Path, per_client: int) -> None:
     """py-spy (on PATH) on the replica's process and its engine's (one process in the replica layout) while 32
     clients keep the endpoint busy: samples of the thread holding the GIL only (`--gil`), so a process's samples
@@ -294,14 +304,10 @@ def profile(url: str, setup: str, seconds: float, out: Path, per_client: int) ->
           f"HTTP path (client, Serve, the handler's way in and out)", flush=True)
     for role, spy in spies.items():
         f = out / f"{setup}-{role}.txt"
-        threads: dict[str, int] = {}
         if not f.exists():
             print(f"py-spy on the {role} process wrote nothing: {spy.stdout.read()[-300:]}")
             continue
-        for line in f.read_text().splitlines():
-            stack, _, n = line.rpartition(" ")
-            thread = stack.split(";", 1)[0]
-            threads[thread] = threads.get(thread, 0) + int(n)
+        threads = thread_samples(f)
         top = ", ".join(f"{t[:40]} {n / (rate * seconds):.0%}" for t, n in sorted(threads.items(), key=lambda x: -x[1])[:4])
         print(f"GIL held in the {role} process ({pids[role]}, {setup}): {sum(threads.values()) / (rate * seconds):.0%} "
               f"of {seconds:g} s; by thread: {top or 'no samples'}", flush=True)
