@@ -100,6 +100,7 @@ class Coordinator:
         self.domain = get_domain(cfg.domain)
         self.splits = self.domain.load_splits(cfg.data, cfg.seed)
         self.recoveries = 0
+        self.pool: EvaluatorPool | None = None  # kept across a roll-back for the cluster it last saw
         self._start()
 
     def _start(self) -> None:
@@ -131,8 +132,10 @@ class Coordinator:
         if self.trains:  # an elastic pool leaves the Trainer's workers room to start again in the next phase
             for k, v in trainer_bundle(res, cfg.weight.use_gpu).items():
                 reserve[k] = v * cfg.weight.num_workers
+        seen = self.pool.known_nodes if self.pool is not None else None
         self.pool = EvaluatorPool(cfg.domain, self.policies, cfg.sandbox, self.services, resources=res.evaluator,
-                                  placement=place, events=self.events, reserve=reserve, poll_s=cfg.faults.poll_s)
+                                  placement=place, events=self.events, reserve=reserve, poll_s=cfg.faults.poll_s,
+                                  nodes=seen)
         self.proposer = HarnessProposer.options(**place.options("proposer", res.proposer), max_restarts=0).remote(
             cfg.harness_phase.proposer, self.domain.skill_text, cfg.seed, **proposer_options(cfg.harness_phase))
         trainer = None

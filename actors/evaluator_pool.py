@@ -79,11 +79,12 @@ class EvaluatorPool:
     def __init__(self, domain: str, policy: "ray.actor.ActorHandle | list[ray.actor.ActorHandle]",
                  sandbox: SandboxConfig, services: dict[str, Any] | None = None, *,
                  resources: RoleResources | None = None, placement: Placement | None = None, events: EventLog | None = None,
-                 reserve: dict[str, float] | None = None, poll_s: float = 1.0):
+                 reserve: dict[str, float] | None = None, poll_s: float = 1.0, nodes: set[str] | None = None):
         """`policy`: the PolicyServer, or its replicas; `services`: the domain's shared trusted services, given
         to every evaluator; `resources`: one evaluator's (config resources.evaluator); `reserve`: resources an
         elastic pool leaves free for the run's other roles when it grows (the Trainer's workers, which come and
-        go between phases)."""
+        go between phases); `nodes`: the cluster as an earlier pool of the run last saw it (`known_nodes`), so
+        the nodes that joined or left while the run rolled back are reported too."""
         self._args = (domain, policy, sandbox, dict(services or {}))
         self._resources = resources or RoleResources(num_cpus=0.25)
         self._placement = placement or Placement()
@@ -97,7 +98,7 @@ class EvaluatorPool:
         self._chunk = sandbox.chunk or max(1, sandbox.slots // 4)
         self._depth = sandbox.slots + self._chunk
         self._members: list[_Member] = []
-        self._nodes: set[str] | None = None
+        self._nodes: set[str] | None = set(nodes) if nodes is not None else None
         for _ in range(self.min):
             self._spawn()
 
@@ -127,6 +128,11 @@ class EvaluatorPool:
     @property
     def actors(self) -> list["ray.actor.ActorHandle"]:
         return [m.handle for m in self._members]
+
+    @property
+    def known_nodes(self) -> set[str] | None:
+        """The alive nodes at the last look at the cluster (None before the first)."""
+        return None if self._nodes is None else set(self._nodes)
 
     def nodes(self) -> dict[str, int]:
         """node id -> ready evaluators on it."""

@@ -112,6 +112,27 @@ def test_a_node_leaving_mid_phase_takes_its_evaluators_and_its_episodes_are_run_
     json.dumps(events)  # the log is plain JSON
 
 
+def test_a_pool_started_after_a_roll_back_reports_what_the_cluster_did_meanwhile(cluster, tmp_path, bwrap):
+    """A roll-back replaces the run's pool; the nodes that joined or left between the old pool's last look
+    and the new pool's first are still named, from the old pool's view (seen on CI: a proposer lost with
+    its node rolled the run back, and the node that joined then was never reported)."""
+    leaves = cluster.add_node(num_cpus=1)
+    old, _ = pool_of(tmp_path, 1)
+    run_with(old, jobs(2), 1, lambda: None)
+    for actor in old.actors:
+        ray.kill(actor)
+    joins = cluster.add_node(num_cpus=1)
+    cluster.remove_node(leaves)
+    new = EvaluatorPool("math_reasoning", None, SandboxConfig(slots=1, chunk=1, evaluators=1, wall_s=30),
+                        events=EventLog(tmp_path), poll_s=0.3, nodes=old.known_nodes)
+    work = jobs(2)
+    answers_match_seeds(run_with(new, work, 1, lambda: None), work)
+    said = {(e["kind"], e.get("node")) for e in read_events(tmp_path)}
+    assert {("node_joined", joins.node_id), ("node_left", leaves.node_id)} <= said
+    for actor in new.actors:
+        ray.kill(actor)
+
+
 def test_a_fixed_pool_spreads_and_replaces_a_killed_evaluator(cluster, tmp_path, bwrap):
     """An evaluator killed while its node stays up: the loss is charged to its episodes, which with
     episode_retries 0 are given up (a sandbox error each, counted once); the rest of the phase goes on."""
@@ -138,7 +159,8 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
     rest of the run can only go on there. The run finishes in the same launch; the rollout files hold exactly
     the planned (task, sample) rows, none given up, and the records name the nodes that ran them, the new one
     included. (With one old node kept, the new one got work only if the run outlasted its evaluators' start:
-    on CI it did not, once.)"""
+    on CI it did not, once.) The proposer and the Trainer ask for no resources and may live on a removed
+    node: the run then rolls back to its last commit, and its events still name every node that came or went."""
     import pyarrow.parquet as pq
 
     from actors.coordinator import Coordinator
