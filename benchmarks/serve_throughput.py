@@ -1,10 +1,11 @@
 """The endpoint against the same engine in process, side by side in one run, and the pause a weight swap makes.
 
     .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica]
-        [--ingress proxy,direct] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4]
+        [--ingress proxy,direct] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4,16]
         [--max-tokens 32] [--client-procs 1] [--profile SECONDS --profile-dir DIR]
 
-For 1, 8 and 32 concurrent clients (each sends its requests one after another): requests/s, completion
+For 1, 8 and 32 concurrent clients (each sends its requests one after another: a round of each length given, so
+short rounds, where the clients' first and last requests weigh, sit beside longer, steadier ones): requests/s, completion
 tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica or --replicas, the real `openai.AsyncOpenAI`
 client over loopback HTTP, from this process or spread over --client-procs processes) and through `PolicyService`
 called in this process, with the same engine settings,
@@ -198,26 +199,25 @@ async def health_round(url: str, clients: int, per_client: int) -> dict[str, flo
         await call.close()
 
 
-async def side_by_side(local, remote, levels: list[int], per_client: int, rounds: int,
+async def side_by_side(local, remote, levels: list[int], lengths: list[int], rounds: int,
                        procs: ClientProcesses | None = None) -> tuple[dict, dict]:
-    """Per level, `rounds` alternations of in-process then endpoint; the best round of each (the machine's other
-    load varies from minute to minute: interleaving and best-of keep it out of the ratio as far as one run can).
-    One event loop for all: the in-process batcher's worker lives in it. With `procs`, the endpoint's clients run
-    in those processes instead of this one."""
-    best_local: dict[int, dict[str, float]] = {}
-    best_remote: dict[int, dict[str, float]] = {}
+    """Per (clients, requests per client), `rounds` alternations of in-process then endpoint; the best round of
+    each (the machine's other load varies from minute to minute: interleaving and best-of keep it out of the ratio
+    as far as one run can). One event loop for all: the in-process batcher's worker lives in it. With `procs`, the
+    endpoint's clients run in those processes instead of this one."""
+    best_local: dict[tuple[int, int], dict[str, float]] = {}
+    best_remote: dict[tuple[int, int], dict[str, float]] = {}
     (local, local_counts), (remote, remote_counts) = local, remote
     await local(0)
     await remote(0)  # warm-up
-    for c in levels:
+    for key in [(c, n) for c in levels for n in lengths]:
         for _ in range(rounds):
-            a = await closed_loop(local, c, per_client, local_counts)
-            b = await (procs.round(c, per_client, remote_counts) if procs else
-                       closed_loop(remote, c, per_client, remote_counts))
-            if c not in best_local or a["req_s"] > best_local[c]["req_s"]:
-                best_local[c] = a
-            if c not in best_remote or b["req_s"] > best_remote[c]["req_s"]:
-                best_remote[c] = b
+            a = await closed_loop(local, *key, local_counts)
+            b = await (procs.round(*key, remote_counts) if procs else closed_loop(remote, *key, remote_counts))
+            if key not in best_local or a["req_s"] > best_local[key]["req_s"]:
+                best_local[key] = a
+            if key not in best_remote or b["req_s"] > best_remote[key]["req_s"]:
+                best_remote[key] = b
     await remote.close()
     return best_local, best_remote
 
@@ -313,10 +313,10 @@ def profile(url: str, setup: str, seconds: float, out: Path, per_client: int) ->
               f"of {seconds:g} s; by thread: {top or 'no samples'}", flush=True)
 
 
-def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict, levels: list[int]) -> None:
-    for c in levels:
-        a, b = local[c], remote[c]
-        print(f"{layout:>7} {ingress:>7} {mode:>10} {c:>7} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
+def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict) -> None:
+    for (c, n), a in local.items():
+        b = remote[c, n]
+        print(f"{layout:>7} {ingress:>7} {mode:>10} {c:>7} {n:>6} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
               f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
               f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f} | "
               f"{a['idle']:>7.0%} {b['idle']:>7.0%}",
@@ -328,7 +328,9 @@ def main() -> None:
     ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
     ap.add_argument("--device", default="cpu", help="both engines' device: cpu or cuda")
     ap.add_argument("--threads", type=int, default=2, help="torch threads of both engines (the engine's Ray CPUs)")
-    ap.add_argument("--requests-per-client", type=int, default=4)
+    ap.add_argument("--requests-per-client", default="4",
+                    help="each client's requests in a round, one after another; several (comma-separated) give a "
+                         "round of each length per level")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="policy.batch_wait_ms, both ways")
     ap.add_argument("--rounds", type=int, default=2, help="alternations per level; the best of each is shown")
@@ -348,6 +350,7 @@ def main() -> None:
     ap.add_argument("--profile-dir", default="serve-profiles")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    lengths = [int(x) for x in args.requests_per_client.split(",")]
     setups = [(layout, ingress, mode) for layout in args.layouts.split(",") for ingress in args.ingress.split(",")
               for mode in args.batching.split(",")]
     if args.model is None:
@@ -380,7 +383,7 @@ def main() -> None:
           f"{args.client_procs} process(es), {args.threads} torch "
           f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
           f"rows per engine step, prefills included (continuous)")
-    print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} | {'in-process req/s':>16} {'tok/s':>7} "
+    print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} {'req/cl':>6} | {'in-process req/s':>16} {'tok/s':>7} "
           f"{'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
           f"{'req/s ratio':>11} {'tok/s ratio':>11} | {'idle in':>7} {'idle ep':>7}")
     try:
@@ -396,14 +399,14 @@ def main() -> None:
             try:
                 results[layout, ingress, mode] = asyncio.run(side_by_side(
                     in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),
-                    endpoint_call(url, args.max_tokens), levels, args.requests_per_client, args.rounds, procs))
+                    endpoint_call(url, args.max_tokens), levels, lengths, args.rounds, procs))
             finally:
                 if procs:
                     procs.close()
             # as it goes: a run cut short keeps these
-            print_rows(layout, ingress, mode, *results[layout, ingress, mode], levels)
+            print_rows(layout, ingress, mode, *results[layout, ingress, mode])
             if args.profile:
-                profile(url, f"{layout}-{ingress}-{mode}", args.profile, Path(args.profile_dir), args.requests_per_client)
+                profile(url, f"{layout}-{ingress}-{mode}", args.profile, Path(args.profile_dir), lengths[0])
             if (layout, ingress, mode) != setups[-1]:
                 undeploy()
 
@@ -417,7 +420,7 @@ def main() -> None:
             state = RunState(weight_version=1, checkpoint="checkpoints/v00001")
             state.save(root)
             return time.perf_counter() - t0
-        floor = max((asyncio.run(health_round(url, levels[-1], 4 * args.requests_per_client))
+        floor = max((asyncio.run(health_round(url, levels[-1], 4 * lengths[0]))
                      for _ in range(args.rounds)), key=lambda r: r["req_s"])
         quiet, swapped, prints = stream_gaps(url, land)
     finally:
@@ -428,7 +431,7 @@ def main() -> None:
     # Where the HTTP path and the engine share the cores (a CPU engine), a request costs 1/in-process of the engine
     # and at least 1/floor beside it, so the endpoint reaches at most floor / (floor + in-process) of in-process.
     last = " ".join(setups[-1])
-    a = results[setups[-1]][0][levels[-1]]["req_s"]
+    a = results[setups[-1]][0][levels[-1], lengths[-1]]["req_s"]
     print(f"the HTTP path alone (GET /health, {levels[-1]} clients, no engine work, {last}): {floor['req_s']:.1f} "
           f"req/s, {floor['req_s'] / a:.2f}x in-process at {levels[-1]} clients; where the engine shares the cores "
           f"with it (CPU), the endpoint can reach at most {floor['req_s'] / (floor['req_s'] + a):.2f} of in-process")
