@@ -18,7 +18,8 @@ no engine work) and, for a machine whose cores the engine shares with it (on CPU
 endpoint. With --profile, each setup is then profiled under 32 clients (py-spy on the replica's and the engine's
 processes; the mean time a request spent at the client, in the replica's handler and in its completion, from the
 replies' Server-Timing headers). The `idle` columns: the share of each round the engine waited with nothing to run
-(in process and in the endpoint). Last, 8 streams are read while a new checkpoint lands in the followed run directory: the longest gap
+(in process and in the endpoint); `replica CPU ms`: the replica process's CPU time per request (the HTTP path's
+cost where the engine runs in an actor of its own; the engine's too in the replica layout). Last, 8 streams are read while a new checkpoint lands in the followed run directory: the longest gap
 between two chunks of one stream, with and without the swap.
 Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default. With --device cuda both
 engines (in process and the endpoint's) are on the GPU and the endpoint's overhead runs on the spare cores:
@@ -64,18 +65,25 @@ async def run_clients(call, clients: int, per_client: int, first: int = 0) -> tu
 
 
 def summary(wall: float, latencies: list[float], tokens: int, before: tuple, after: tuple) -> dict[str, float]:
-    """A round's numbers; `before` and `after`, the engine's (passes, requests, idle seconds) around it, give its
-    mean batch and the share of it that the engine waited with nothing to run."""
+    """A round's numbers; `before` and `after`, the engine's (passes, requests, idle seconds, the replica's CPU
+    seconds) around it, give its mean batch, the share of it that the engine waited with nothing to run, and the
+    replica's CPU time per request (the endpoint's; 0 in process)."""
     return {"req_s": len(latencies) / wall, "tok_s": tokens / wall, "p50": pct(latencies, 0.5),
             "p99": pct(latencies, 0.99), "batch": (after[1] - before[1]) / max(1, after[0] - before[0]),
-            "idle": (after[2] - before[2]) / wall}
+            "idle": (after[2] - before[2]) / wall, "cpu_ms": 1e3 * (after[3] - before[3]) / len(latencies)}
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU time (it runs on this machine: the benchmark starts its own Ray)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[str, float]:
     """`run_clients` in this process, summed up (with `counts()`, the engine's counters, where given)."""
-    before = await counts() if counts else (0, 0, 0.0)
+    before = await counts() if counts else (0, 0, 0.0, 0.0)
     start, end, latencies, tokens = await run_clients(call, clients, per_client)
-    after = await counts() if counts else (1, 0, 0.0)
+    after = await counts() if counts else (1, 0, 0.0, 0.0)
     return summary(end - start, latencies, tokens, before, after)
 
 
@@ -90,9 +98,9 @@ def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str, 
                                                               seed=seed))
         return len(out.completion_ids)
 
-    async def counts() -> tuple[int, int, float]:
-        s = service.stats()
-        return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0)  # continuous: rows per engine step
+    async def counts() -> tuple[int, int, float, float]:
+        s = service.stats()  # continuous: rows per engine step
+        return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0), 0.0
     return call, counts
 
 
@@ -108,12 +116,13 @@ def endpoint_call(url: str, max_tokens: int):
                                                 temperature=1.0, seed=seed, extra_body={"top_k": 20})
         return r.usage.completion_tokens
 
-    async def counts() -> tuple[int, int, float]:  # the replica's batcher, from /health
+    async def counts() -> tuple[int, int, float, float]:  # the replica's batcher, from /health
         import httpx2
 
         async with httpx2.AsyncClient() as c:
-            s = (await c.get(url.removesuffix("/v1") + "/health")).json()["batches"]["whale-latest"]
-        return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0)
+            health = (await c.get(url.removesuffix("/v1") + "/health")).json()
+        s = health["batches"]["whale-latest"]
+        return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0), cpu_seconds(health["pid"])
 
     async def close() -> None:  # in the loop that made the client (else its connections close after the loop)
         if ac:
@@ -319,7 +328,7 @@ def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict) 
         print(f"{layout:>7} {ingress:>7} {mode:>10} {c:>7} {n:>6} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
               f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
               f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f} | "
-              f"{a['idle']:>7.0%} {b['idle']:>7.0%}",
+              f"{a['idle']:>7.0%} {b['idle']:>7.0%} | {b['cpu_ms']:>14.2f}",
               flush=True)
 
 
@@ -385,7 +394,7 @@ def main() -> None:
           f"rows per engine step, prefills included (continuous)")
     print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} {'req/cl':>6} | {'in-process req/s':>16} {'tok/s':>7} "
           f"{'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
-          f"{'req/s ratio':>11} {'tok/s ratio':>11} | {'idle in':>7} {'idle ep':>7}")
+          f"{'req/s ratio':>11} {'tok/s ratio':>11} | {'idle in':>7} {'idle ep':>7} | {'replica CPU ms':>14}")
     try:
         for layout, ingress, mode in setups:  # a deployment each; the last one also serves the HTTP floor and the swap
             cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms,
