@@ -19,8 +19,9 @@ endpoint. With --profile, each setup is then profiled under 32 clients (py-spy o
 processes; the mean time a request spent at the client, in the replica's handler and in its completion, from the
 replies' Server-Timing headers). The `idle` columns: the share of each round the engine waited with nothing to run
 (in process and in the endpoint); `replica CPU ms`: the replica process's CPU time per request (the HTTP path's
-cost where the engine runs in an actor of its own; the engine's too in the replica layout). Last, 8 streams are read while a new checkpoint lands in the followed run directory: the longest gap
-between two chunks of one stream, with and without the swap.
+cost where the engine runs in an actor of its own; the engine's too in the replica layout). Last, 8 streams are
+read while a new checkpoint lands in the followed run directory: the longest gap between two chunks of one stream,
+with and without the swap.
 Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default. With --device cuda both
 engines (in process and the endpoint's) are on the GPU and the endpoint's overhead runs on the spare cores:
 scripts/gpu/serve_h200.sh runs it so on the H200.
