@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -48,30 +49,46 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def run_clients(call, clients: int, per_client: int, first: int = 0) -> tuple[float, float, list[float], int]:
-    """`clients` clients (numbered from `first`), each awaiting `per_client` calls in turn; call(seed) -> completion
-    tokens. (start, end, latencies, completion tokens), on the system's monotonic clock, which every process shares."""
+async def run_clients(call, clients: int, per_client: int, first: int = 0) -> tuple[float, float, list[float], list]:
+    """`clients` clients (numbered from `first`), each awaiting `per_client` calls in turn; call(seed) -> (completion
+    tokens, seconds in the replica's handler, of it in the completion: 0, 0 in process). (start, end, latencies, those
+    three summed), on the system's monotonic clock, which every process shares."""
     latencies: list[float] = []
-    tokens = [0]
+    sums = [0, 0.0, 0.0]
 
     async def client(i: int) -> None:
         for j in range(per_client):
             t0 = time.monotonic()
-            n = await call(i * 1000 + j)  # not `tokens[0] += await ...`: that reads tokens[0] before the await,
-            tokens[0] += n  # and concurrent clients then overwrite each other's counts
+            got = await call(i * 1000 + j)  # not `sums[0] += await ...`: that reads sums[0] before the await,
+            for k, x in enumerate(got):  # and concurrent clients then overwrite each other's counts
+                sums[k] += x
             latencies.append(time.monotonic() - t0)
     start = time.monotonic()
     await asyncio.gather(*(client(first + i) for i in range(clients)))
-    return start, time.monotonic(), latencies, tokens[0]
+    return start, time.monotonic(), latencies, sums
 
 
-def summary(wall: float, latencies: list[float], tokens: int, before: tuple, after: tuple) -> dict[str, float]:
-    """A round's numbers; `before` and `after`, the engine's (passes, requests, idle seconds, the replica's CPU
-    seconds) around it, give its mean batch, the share of it that the engine waited with nothing to run, and the
-    replica's CPU time per request (the endpoint's; 0 in process)."""
-    return {"req_s": len(latencies) / wall, "tok_s": tokens / wall, "p50": pct(latencies, 0.5),
-            "p99": pct(latencies, 0.99), "batch": (after[1] - before[1]) / max(1, after[0] - before[0]),
-            "idle": (after[2] - before[2]) / wall, "cpu_ms": 1e3 * (after[3] - before[3]) / len(latencies)}
+def summary(wall: float, latencies: list[float], sums: list, before: dict, after: dict) -> dict[str, float]:
+    """A round's numbers; `before` and `after`, the engine's counters around it (`engine_counts`), give its mean
+    batch, the share of it that the engine waited with nothing to run, the replica's CPU time per request (the
+    endpoint's; 0 in process), and where a request's time went: at the client (its latency), in the replica's
+    handler and its completion (the endpoint's Server-Timing), in the engine (from reaching it to its output) and,
+    of that, waiting to join a batch."""
+    n = len(latencies)
+    d = {k: after[k] - before[k] for k in after}
+    per = lambda x, count=n: 1e3 * x / max(1, count)  # noqa: E731 - ms per request
+    return {"req_s": n / wall, "tok_s": sums[0] / wall, "p50": pct(latencies, 0.5),
+            "p99": pct(latencies, 0.99), "batch": d["tokens"] / max(1, d["steps"]), "idle": d["idle_s"] / wall,
+            "cpu_ms": per(d["cpu_s"]), "client_ms": per(sum(latencies)), "handler_ms": per(sums[1]),
+            "completion_ms": per(sums[2]), "engine_ms": per(d["latency_s"], d["finished"]),
+            "wait_ms": per(d["wait_s"], d["finished"])}
+
+
+def engine_counts(stats: dict, cpu_s: float = 0.0) -> dict[str, float]:
+    """The counters `summary` reads, from a `PolicyService.stats()` (continuous: its steps are engine steps)."""
+    return {"steps": stats["batches"], "tokens": stats.get("tokens", stats["requests"]),
+            "idle_s": stats.get("idle_s", 0.0), "cpu_s": cpu_s, "finished": stats.get("finished", 0),
+            "wait_s": stats.get("wait_s", 0.0), "latency_s": stats.get("latency_s", 0.0)}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -82,10 +99,11 @@ def cpu_seconds(pid: int) -> float:
 
 async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[str, float]:
     """`run_clients` in this process, summed up (with `counts()`, the engine's counters, where given)."""
-    before = await counts() if counts else (0, 0, 0.0, 0.0)
-    start, end, latencies, tokens = await run_clients(call, clients, per_client)
-    after = await counts() if counts else (1, 0, 0.0, 0.0)
-    return summary(end - start, latencies, tokens, before, after)
+    none = engine_counts({"batches": 0, "requests": 0})
+    before = await counts() if counts else none
+    start, end, latencies, sums = await run_clients(call, clients, per_client)
+    after = await counts() if counts else none
+    return summary(end - start, latencies, sums, before, after)
 
 
 def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str, device: str):
@@ -94,14 +112,13 @@ def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str, 
 
     service = PolicyService(model, device=device, batch_wait_ms=wait_ms, batching=batching)
 
-    async def call(seed: int) -> int:
+    async def call(seed: int) -> tuple[int, float, float]:
         out = await service.generate(MESSAGES, SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=20,
                                                               seed=seed))
-        return len(out.completion_ids)
+        return len(out.completion_ids), 0.0, 0.0
 
-    async def counts() -> tuple[int, int, float, float]:
-        s = service.stats()  # continuous: rows per engine step
-        return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0), 0.0
+    async def counts() -> dict[str, float]:
+        return engine_counts(service.stats())
     return call, counts
 
 
@@ -110,20 +127,21 @@ def endpoint_call(url: str, max_tokens: int):
 
     ac: list = []
 
-    async def call(seed: int) -> int:
+    async def call(seed: int) -> tuple[int, float, float]:
         if not ac:  # made in the running event loop
             ac.append(openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600))
-        r = await ac[0].chat.completions.create(model="whale-latest", messages=MESSAGES, max_tokens=max_tokens,
-                                                temperature=1.0, seed=seed, extra_body={"top_k": 20})
-        return r.usage.completion_tokens
+        raw = await ac[0].chat.completions.with_raw_response.create(
+            model="whale-latest", messages=MESSAGES, max_tokens=max_tokens, temperature=1.0, seed=seed,
+            extra_body={"top_k": 20})
+        timing = dict(x.strip().split(";dur=") for x in raw.headers["server-timing"].split(","))
+        return raw.parse().usage.completion_tokens, float(timing["handler"]) / 1e3, float(timing["completion"]) / 1e3
 
-    async def counts() -> tuple[int, int, float, float]:  # the replica's batcher, from /health
+    async def counts() -> dict[str, float]:  # the replica's engine, from /health
         import httpx2
 
         async with httpx2.AsyncClient() as c:
             health = (await c.get(url.removesuffix("/v1") + "/health")).json()
-        s = health["batches"]["whale-latest"]
-        return s["batches"], s.get("tokens", s["requests"]), s.get("idle_s", 0.0), cpu_seconds(health["pid"])
+        return engine_counts(health["batches"]["whale-latest"], cpu_seconds(health["pid"]))
 
     async def close() -> None:  # in the loop that made the client (else its connections close after the loop)
         if ac:
@@ -174,7 +192,8 @@ class ClientProcesses:
         replies = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn, _, _ in busy))
         after = await counts()
         wall = max(r[1] for r in replies) - min(r[0] for r in replies)
-        return summary(wall, [x for r in replies for x in r[2]], sum(r[3] for r in replies), before, after)
+        return summary(wall, [x for r in replies for x in r[2]], [sum(x) for x in zip(*(r[3] for r in replies))],
+                       before, after)
 
     def close(self) -> None:
         for conn, p in zip(self.conns, self.procs):
@@ -192,7 +211,7 @@ def health_call(url: str):
         if not ac:
             ac.append(httpx2.AsyncClient(timeout=600))
         (await ac[0].get(url.removesuffix("/v1") + "/health")).raise_for_status()
-        return 0
+        return 0, 0.0, 0.0
 
     async def close() -> None:
         if ac:
@@ -291,27 +310,11 @@ def profile(url: str, setup: str, seconds: float, out: Path, per_client: int) ->
              for role, pid in pids.items() if role == "replica" or pid != pids["replica"]}
 
     async def load() -> None:  # until the profiles end
-        import openai
-
-        async with openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=600) as client:
-            async def call(seed: int) -> int:
-                t0 = time.perf_counter()
-                raw = await client.chat.completions.with_raw_response.create(
-                    model="whale-latest", messages=MESSAGES, max_tokens=32, temperature=1.0, seed=seed,
-                    extra_body={"top_k": 20})
-                r = raw.parse()
-                timing = dict(x.strip().split(";dur=") for x in raw.headers["server-timing"].split(","))
-                spans.append((time.perf_counter() - t0, float(timing["handler"]) / 1e3, float(timing["completion"]) / 1e3))
-                return r.usage.completion_tokens
-            while any(p.poll() is None for p in spies.values()):
-                await closed_loop(call, 32, per_client)
-    spans: list[tuple[float, float, float]] = []
+        call, _ = endpoint_call(url, 32)
+        while any(p.poll() is None for p in spies.values()):
+            await closed_loop(call, 32, per_client)
+        await call.close()
     asyncio.run(load())
-    client_s, handler_s, completion_s = (sum(x) / len(spans) for x in zip(*spans))
-    print(f"where a request's time went ({setup}, 32 clients, {len(spans)} requests, means): {client_s * 1e3:.1f} ms "
-          f"at the client, {handler_s * 1e3:.1f} ms in the replica's handler, of it {completion_s * 1e3:.1f} ms in the "
-          f"completion (rendering, the engine's queue and passes); so {(client_s - handler_s) * 1e3:.1f} ms on the "
-          f"HTTP path (client, Serve, the handler's way in and out)", flush=True)
     for role, spy in spies.items():
         f = out / f"{setup}-{role}.txt"
         if not f.exists():
@@ -330,6 +333,21 @@ def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict) 
               f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
               f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f} | "
               f"{a['idle']:>7.0%} {b['idle']:>7.0%} | {b['cpu_ms']:>14.2f}",
+              flush=True)
+
+
+def print_times(local: dict, remote: dict) -> None:
+    """Where a request's time went (means, ms): in process, the client's latency and the engine's share of it; through
+    the endpoint, the client's latency as the HTTP path (the client, Serve, the handler's way in and out), the
+    handler's own work around the completion, the hop to the engine and back (the completion less the engine's
+    time; in the replica layout only the event loop's turns) and the engine. The engine's time runs from a request
+    reaching it to its output, of it `wait` before it joined a batch."""
+    for (c, n), a in local.items():
+        b = remote[c, n]
+        print(f"    ms per request at {c} clients x {n}: in process {a['client_ms']:.1f} = engine {a['engine_ms']:.1f} "
+              f"(wait {a['wait_ms']:.1f}) + {a['client_ms'] - a['engine_ms']:.1f}; endpoint {b['client_ms']:.1f} = HTTP "
+              f"{b['client_ms'] - b['handler_ms']:.1f} + handler {b['handler_ms'] - b['completion_ms']:.1f} + hop "
+              f"{b['completion_ms'] - b['engine_ms']:.1f} + engine {b['engine_ms']:.1f} (wait {b['wait_ms']:.1f})",
               flush=True)
 
 
@@ -358,6 +376,8 @@ def main() -> None:
                     help="after each setup's rounds, this many seconds of py-spy (on PATH) on its replica and engine "
                          "processes under 32 clients (raw stacks into --profile-dir)")
     ap.add_argument("--profile-dir", default="serve-profiles")
+    ap.add_argument("--gil-switch-ms", type=float, help="serve.gil_switch_ms, and the same in this process (in-process "
+                                                         "side); default Python's 5 ms")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     lengths = [int(x) for x in args.requests_per_client.split(",")]
@@ -370,6 +390,8 @@ def main() -> None:
         args.model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
     args.model = str(Path(args.model).resolve())
     torch.set_num_threads(args.threads)  # the endpoint's engine gets as many (serve.replica_cpus)
+    if args.gil_switch_ms:  # the in-process engine's process as the endpoint's (serve.gil_switch_ms)
+        sys.setswitchinterval(args.gil_switch_ms / 1000)
     gpus = 1 if args.device.startswith("cuda") else 0
 
     import ray
@@ -391,7 +413,7 @@ def main() -> None:
     print(f"model {args.model} on {args.device}; {args.requests_per_client} requests per client, max_tokens "
           f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: {args.replicas} replica(s), clients in "
           f"{args.client_procs} process(es), {args.threads} torch "
-          f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
+          f"threads, GIL switch interval {sys.getswitchinterval() * 1e3:g} ms, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
           f"rows per engine step, prefills included (continuous)")
     print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} {'req/cl':>6} | {'in-process req/s':>16} {'tok/s':>7} "
           f"{'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
@@ -403,7 +425,7 @@ def main() -> None:
             (root / "config.yaml").write_text(dump_config(cfg))  # as a run writes it
             # the replica's CPUs (its engine's torch threads) and GPU: in its process or its engine actor's
             serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, engine_layout=layout, ingress=ingress,
-                                replica_cpus=args.threads, replica_gpus=gpus / args.replicas)
+                                replica_cpus=args.threads, replica_gpus=gpus / args.replicas, gil_switch_ms=args.gil_switch_ms)
             url = deploy(for_run_dir(root, args.model, serve))
             procs = ClientProcesses(args.client_procs, url, args.max_tokens) if args.client_procs > 1 else None
             try:
@@ -415,6 +437,7 @@ def main() -> None:
                     procs.close()
             # as it goes: a run cut short keeps these
             print_rows(layout, ingress, mode, *results[layout, ingress, mode])
+            print_times(*results[layout, ingress, mode])
             if args.profile:
                 profile(url, f"{layout}-{ingress}-{mode}", args.profile, Path(args.profile_dir), lengths[0])
             if (layout, ingress, mode) != setups[-1]:

@@ -565,6 +565,7 @@ def test_requests_join_a_running_batch(built):
     eng = TransformersEngine(built[0], device=DEVICE, max_batch=16)
     seeded = ask("What is 41 + 17?", max_tokens=20, temperature=1.0, top_k=0, seed=123, top_logprobs=3)
     greedy = ask("What is 6 + 7?", max_tokens=24, temperature=0.0)
+    t0 = time.perf_counter()
     alone = [eng.generate([r])[0] for r in (seeded, greedy)]
     seen, handle = _forwards(eng)
     long = eng.submit_many([ask("What is 5 * 5? " + "Think. " * i, max_tokens=60, temperature=1.0, seed=i)
@@ -588,6 +589,9 @@ def test_requests_join_a_running_batch(built):
     assert [[i for i, _ in alts] for alts in joined[0].top_logprobs] == [[i for i, _ in alts] for alts in alone[0].top_logprobs]
     assert len(joined[0].top_logprobs) == len(joined[0].completion_ids) and not joined[1].top_logprobs
     assert streamed == [(t, 0) for t in joined[0].completion_ids]
+    # every request's time in the engine is counted once it finishes: from reaching it to joining a batch, to its end
+    timing, elapsed = eng.timing, time.perf_counter() - t0
+    assert timing["finished"] == 9 and 0 <= timing["wait_s"] < timing["latency_s"] <= 9 * elapsed, timing
     print(f"long requests still running when the joiners were done: {running_when_done} of 5")
 
 

@@ -24,6 +24,7 @@ request's seeded generator, whatever batch the request runs in.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -46,6 +47,8 @@ class Live:
     top_logprobs: int
     stops: Optional[StopMatcher]
     on_token: Optional[Callable[[int, int], None]]
+    submitted: float = 0.0  # perf_counter() when it reached the engine, and when it joined a batch
+    admitted: float = 0.0
     version: int = 0  # the weights it runs on, set when it is admitted
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -98,6 +101,7 @@ class RunningBatch:
             ids[i, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids, dtype=torch.long)
             attention[i, width - len(r.prompt_ids):] = 1
             r.version = version
+            r.admitted = time.perf_counter()
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         ids, attention, positions = ids.to(dev), attention.to(dev), positions.to(dev)
         cache = self.new_cache()

@@ -219,4 +219,4 @@ class PolicyService:
         steps, tokens = self.engine.steps, self.engine.tokens
         return {"batches": steps, "requests": self._requests, "tokens": tokens,
                 "mean_batch": tokens / steps if steps else 0.0, "busy_s": 0.0,
-                "idle_s": round(getattr(self.engine, "idle_s", 0.0), 4)}
+                "idle_s": round(getattr(self.engine, "idle_s", 0.0), 4), **getattr(self.engine, "timing", {})}

@@ -107,6 +107,8 @@ class TransformersEngine:
         self._reloads: list[tuple] = []  # load_weights commands, run once nothing is live
         self._waited = 0  # decode steps the waiting requests have been kept out of a running batch
         self._idle_s, self._idle_since = 0.0, None  # seconds the thread waited with nothing to run; since when
+        # requests finished, and their seconds from reaching the engine to joining a batch and to their output
+        self.timing = {"finished": 0, "wait_s": 0.0, "latency_s": 0.0}
         self._thread = threading.Thread(target=self._serve, name="transformers-engine", daemon=True)
         self._thread.start()
 
@@ -182,7 +184,7 @@ class TransformersEngine:
             lives.append(Live(
                 future, list(ids), budget, torch.rand(budget, generator=torch.Generator().manual_seed(seed)),
                 float(s.temperature), int(s.top_k), float(s.top_p), int(s.top_logprobs),
-                StopMatcher(self.tokenizer, stops) if stops else None, r.on_token,
+                StopMatcher(self.tokenizer, stops) if stops else None, r.on_token, time.perf_counter(),
             ))
         if lives:
             self._commands.put(("add", lives))
@@ -231,16 +233,23 @@ class TransformersEngine:
             newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))] if join else []
             self._waited = 0 if join or not self._waiting else self._waited + 1
             try:
-                if newcomers:
-                    batch.admit(newcomers, self._version)
+                done = batch.admit(newcomers, self._version) if newcomers else []
                 if batch:
-                    batch.step()
+                    done += batch.step()
+                self._timed(done)
             except Exception as e:  # the engine failed: fail what is live, keep serving what comes next
                 for r in batch.clear() + newcomers:  # a newcomer may be in both: answered once
                     if not r.future.done():
                         r.future.set_exception(RuntimeError(f"generation failed: {type(e).__name__}: {e}"))
         for r in self._batch.clear() + list(self._waiting):
             r.future.set_exception(RuntimeError("TransformersEngine closed"))
+
+    def _timed(self, done: list) -> None:
+        now, t = time.perf_counter(), self.timing
+        for r in done:
+            t["finished"] += 1
+            t["wait_s"] += r.admitted - r.submitted
+            t["latency_s"] += now - r.submitted
 
     def _take(self, cmd: tuple) -> None:
         if cmd[0] == "reload":
