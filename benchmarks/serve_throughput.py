@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -232,21 +231,23 @@ async def side_by_side(local, remote, levels: list[int], lengths: list[int], rou
                        procs: ClientProcesses | None = None) -> tuple[dict, dict]:
     """Per (clients, requests per client), `rounds` alternations of in-process then endpoint; the best round of
     each (the machine's other load varies from minute to minute: interleaving and best-of keep it out of the ratio
-    as far as one run can). One event loop for all: the in-process batcher's worker lives in it. With `procs`, the
-    endpoint's clients run in those processes instead of this one."""
+    as far as one run can), with every round's requests/s under "rounds". One event loop for all: the in-process
+    batcher's worker lives in it. With `procs`, the endpoint's clients run in those processes instead of this one."""
     best_local: dict[tuple[int, int], dict[str, float]] = {}
     best_remote: dict[tuple[int, int], dict[str, float]] = {}
     (local, local_counts), (remote, remote_counts) = local, remote
     await local(0)
     await remote(0)  # warm-up
     for key in [(c, n) for c in levels for n in lengths]:
+        seen: tuple[list, list] = ([], [])
         for _ in range(rounds):
             a = await closed_loop(local, *key, local_counts)
             b = await (procs.round(*key, remote_counts) if procs else closed_loop(remote, *key, remote_counts))
-            if key not in best_local or a["req_s"] > best_local[key]["req_s"]:
-                best_local[key] = a
-            if key not in best_remote or b["req_s"] > best_remote[key]["req_s"]:
-                best_remote[key] = b
+            for best, r, all_ in ((best_local, a, seen[0]), (best_remote, b, seen[1])):
+                all_.append(r["req_s"])
+                if key not in best or r["req_s"] > best[key]["req_s"]:
+                    best[key] = r
+                best[key]["rounds"] = all_
     await remote.close()
     return best_local, best_remote
 
@@ -347,8 +348,9 @@ def print_times(local: dict, remote: dict) -> None:
         print(f"    ms per request at {c} clients x {n}: in process {a['client_ms']:.1f} = engine {a['engine_ms']:.1f} "
               f"(wait {a['wait_ms']:.1f}) + {a['client_ms'] - a['engine_ms']:.1f}; endpoint {b['client_ms']:.1f} = HTTP "
               f"{b['client_ms'] - b['handler_ms']:.1f} + handler {b['handler_ms'] - b['completion_ms']:.1f} + hop "
-              f"{b['completion_ms'] - b['engine_ms']:.1f} + engine {b['engine_ms']:.1f} (wait {b['wait_ms']:.1f})",
-              flush=True)
+              f"{b['completion_ms'] - b['engine_ms']:.1f} + engine {b['engine_ms']:.1f} (wait {b['wait_ms']:.1f}); "
+              f"req/s of each round: in process {', '.join(f'{x:.1f}' for x in a['rounds'])}, endpoint "
+              f"{', '.join(f'{x:.1f}' for x in b['rounds'])}", flush=True)
 
 
 def main() -> None:
@@ -376,8 +378,6 @@ def main() -> None:
                     help="after each setup's rounds, this many seconds of py-spy (on PATH) on its replica and engine "
                          "processes under 32 clients (raw stacks into --profile-dir)")
     ap.add_argument("--profile-dir", default="serve-profiles")
-    ap.add_argument("--gil-switch-ms", type=float, help="serve.gil_switch_ms, and the same in this process (in-process "
-                                                         "side); default Python's 5 ms")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     lengths = [int(x) for x in args.requests_per_client.split(",")]
@@ -390,8 +390,6 @@ def main() -> None:
         args.model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
     args.model = str(Path(args.model).resolve())
     torch.set_num_threads(args.threads)  # the endpoint's engine gets as many (serve.replica_cpus)
-    if args.gil_switch_ms:  # the in-process engine's process as the endpoint's (serve.gil_switch_ms)
-        sys.setswitchinterval(args.gil_switch_ms / 1000)
     gpus = 1 if args.device.startswith("cuda") else 0
 
     import ray
@@ -413,7 +411,7 @@ def main() -> None:
     print(f"model {args.model} on {args.device}; {args.requests_per_client} requests per client, max_tokens "
           f"{args.max_tokens}, T 1, top-k 20, the same seeds both ways; endpoint: {args.replicas} replica(s), clients in "
           f"{args.client_procs} process(es), {args.threads} torch "
-          f"threads, GIL switch interval {sys.getswitchinterval() * 1e3:g} ms, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
+          f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
           f"rows per engine step, prefills included (continuous)")
     print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} {'req/cl':>6} | {'in-process req/s':>16} {'tok/s':>7} "
           f"{'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
@@ -425,7 +423,7 @@ def main() -> None:
             (root / "config.yaml").write_text(dump_config(cfg))  # as a run writes it
             # the replica's CPUs (its engine's torch threads) and GPU: in its process or its engine actor's
             serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, engine_layout=layout, ingress=ingress,
-                                replica_cpus=args.threads, replica_gpus=gpus / args.replicas, gil_switch_ms=args.gil_switch_ms)
+                                replica_cpus=args.threads, replica_gpus=gpus / args.replicas)
             url = deploy(for_run_dir(root, args.model, serve))
             procs = ClientProcesses(args.client_procs, url, args.max_tokens) if args.client_procs > 1 else None
             try:

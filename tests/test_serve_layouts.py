@@ -44,9 +44,7 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
     from whale_ray.serve.app import deploy, undeploy
     from whale_ray.serve.spec import for_model
 
-    switch = 0.5 if layout == "actor" else None  # serve.gil_switch_ms reaches the engine's process; unset: Python's
-    serve = ServeConfig(port=free_port(), replicas=1, engine_layout=layout, ingress=ingress, access_log=access_log,
-                        gil_switch_ms=switch)
+    serve = ServeConfig(port=free_port(), replicas=1, engine_layout=layout, ingress=ingress, access_log=access_log)
     spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(device="cpu"),
                      sandbox=SandboxConfig(), serve=serve)
     logs = Path(ray_cluster._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
@@ -70,7 +68,6 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
         stats = health["batches"]["whale"]
         engine_pid, replica_pid = stats["pid"], health["pid"]
         assert (engine_pid == replica_pid) == (layout == "replica")
-        assert stats["gil_switch_ms"] == pytest.approx(switch or 5.0), stats
         assert stats["idle_s"] > 0  # the engine waited between the requests above
         if layout == "actor":  # every request crossed the hop, none is left in flight there
             assert stats["submits"] == stats["requests"] == 4 and stats["in_flight"] == 0, stats

@@ -315,11 +315,6 @@ class ServeConfig(_Strict):
     # started by this endpoint (not one already running on the cluster with its proxies).
     ingress: Literal["proxy", "direct"] = "proxy"
     access_log: bool = False  # Serve's per-request access log lines (proxy and replica): Python per request
-    # The GIL switch interval (sys.setswitchinterval) of the replica's processes (its own and its engine actor's);
-    # None: Python's 5 ms. Where the engine's thread keeps the GIL busy (launching a GPU model's kernels), every
-    # handoff into that process (a request arriving, its output leaving) waits for the engine to be forced off the
-    # GIL, up to this long; a shorter interval makes those waits shorter at the cost of more switches.
-    gil_switch_ms: Optional[float] = Field(None, gt=0)
     max_concurrent: int = Field(64, gt=0)  # requests in flight per replica; more get 429 with Retry-After
     api_key_env: Optional[str] = None  # NAME of the variable holding the key clients must send; None = no key
     poll_s: float = Field(0.5, gt=0)  # how often each replica looks at the run directory for new weights

@@ -29,7 +29,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from whale_ray.config import ServeConfig
 from whale_ray.serve import openai_api as api
 from whale_ray.serve.agent import AgentRequest, start_agent_services
-from whale_ray.serve.engines import set_gil_switch
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
 from whale_ray.serve.replica import Replica
 from whale_ray.serve.spec import EndpointSpec
@@ -67,7 +66,6 @@ def _json(body: dict[str, Any], version: int, timing: str = "") -> JSONResponse:
 @serve.ingress(app)
 class WhaleEndpoint:
     def __init__(self, spec: EndpointSpec, services: dict[str, Any]):
-        set_gil_switch(spec)  # Serve's threads hand requests to each other here, and to the engine's (layout replica)
         self.replica = Replica(spec, services)
         self._key = spec.api_key_sha256
         self._follow: Optional[asyncio.Task] = None

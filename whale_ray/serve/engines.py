@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from typing import AsyncIterator
 
 import ray
@@ -52,19 +51,8 @@ async def _load(service: PolicyService, weights: Weights) -> int:
 
 
 def _threads(spec: EndpointSpec) -> None:
-    """The process's torch threads and GIL switch interval, for the engines it runs."""
     if spec.serve.replica_cpus >= 1:
         torch.set_num_threads(int(spec.serve.replica_cpus))  # replicas sharing a node do not oversubscribe it
-    set_gil_switch(spec)
-
-
-def _process() -> dict[str, float]:
-    return {"pid": os.getpid(), "gil_switch_ms": sys.getswitchinterval() * 1e3}
-
-
-def set_gil_switch(spec: EndpointSpec) -> None:
-    if spec.serve.gil_switch_ms is not None:  # serve.gil_switch_ms says why
-        sys.setswitchinterval(spec.serve.gil_switch_ms / 1000)
 
 
 class LocalEngine:
@@ -87,7 +75,7 @@ class LocalEngine:
         await _load(self.service, weights)
 
     async def stats(self) -> dict[str, float]:
-        return {**self.service.stats(), **_process()}
+        return {**self.service.stats(), "pid": os.getpid()}
 
 
 @ray.remote
@@ -145,7 +133,7 @@ class EngineActor:
 
     def stats(self, name: str) -> dict[str, float]:
         # the engine's process (GET /health shows it), and the hop's batching (all models together)
-        return {**self.services[name].stats(), **_process(), "submits": self.submits, "in_flight": len(self.tasks)}
+        return {**self.services[name].stats(), "pid": os.getpid(), "submits": self.submits, "in_flight": len(self.tasks)}
 
 
 class ActorEngine:
