@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 
 import pytest
 
@@ -33,7 +34,9 @@ def _requests(n: int, max_tokens: int = 16) -> list[GenerationRequest]:
                               SamplingParams(max_tokens=max_tokens, temperature=1.0, top_k=20, seed=i)) for i in range(n)]
 
 
-def test_concurrent_requests_cross_in_one_call_and_equal_the_engine_in_process(ray_cluster, tiny_policy, engine_actor):
+@pytest.mark.parametrize("node", ["here", "elsewhere"])  # a replica on the actor's node (Unix socket) or not (TCP)
+def test_concurrent_requests_cross_in_one_frame_and_equal_the_engine_in_process(ray_cluster, tiny_policy, engine_actor,
+                                                                                node):
     from whale_ray.serve.channel import Channel
 
     requests = _requests(24)
@@ -43,19 +46,20 @@ def test_concurrent_requests_cross_in_one_call_and_equal_the_engine_in_process(r
         requests[i].on_token = lambda t, v, i=i: streamed[i].append((t, v))
 
     async def go():
-        channel = Channel(engine_actor)
+        channel = Channel(engine_actor, node_id=None if node == "here" else "a-node-id-of-another-node")
         outs = await asyncio.gather(*(channel.complete("whale", r) for r in requests))
         again = await channel.complete("whale", _requests(1)[0])  # the reader, started by the first batch, goes on
-        return outs, again
+        return outs, again, channel.writer.get_extra_info("peername")
 
-    outs, again = asyncio.run(go())
+    outs, again, peer = asyncio.run(go())
+    assert isinstance(peer, str) == (node == "here"), peer  # a socket path, or (host, port)
     assert [o.completion_ids for o in outs] == [e.completion_ids for e in expected]
     assert [o.text for o in outs] == [e.text for e in expected]
     assert again.completion_ids == expected[0].completion_ids
     for i, tokens in streamed.items():  # every token streamed, in order, before the output came
         assert [t for t, _ in tokens] == outs[i].completion_ids and {v for _, v in tokens} == {0}
     stats = ray_cluster.get(engine_actor.stats.remote("whale"))
-    assert stats["submits"] == 2 and stats["in_flight"] == 0  # 24 requests in one call, then the 25th
+    assert stats["submits"] == 2 and stats["in_flight"] == 0  # 24 requests in one frame, then the 25th
 
 
 def _long(tiny_policy: str) -> list[tuple[GenerationRequest, int]]:
@@ -108,3 +112,50 @@ def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_c
     ok, errors = asyncio.run(go())
     assert ok.completion_ids
     assert all(isinstance(e, RuntimeError) and "engine actor" in str(e) for e in errors), errors
+
+
+def test_the_link_unpickles_nothing_before_the_key_and_cancels_what_a_closed_connection_left(ray_cluster, tiny_policy,
+                                                                                             engine_actor, tmp_path):
+    import pickle
+    import struct
+
+    from whale_ray.serve.channel import SUBMIT, Channel
+
+    class Touch:  # unpickling this runs os.system
+        def __reduce__(self):
+            return os.system, (f"touch {tmp_path / 'ran'}",)
+
+    long = _long(tiny_policy)
+
+    async def go():
+        _, path, key = await engine_actor.link.remote(ray_cluster.get_runtime_context().get_node_id())
+        for first in (b"x" * len(key), b"short"):  # a wrong key; too few bytes, then the end
+            reader, writer = await asyncio.open_unix_connection(path)
+            body = pickle.dumps((SUBMIT, "whale", [(0, Touch(), False)]))
+            writer.write(first + struct.pack(">I", len(body)) + body)
+            writer.write_eof()
+            assert await asyncio.wait_for(reader.read(), 30) == b""  # closed, with nothing sent back
+            writer.close()
+        channel = Channel(engine_actor)
+        started = [asyncio.Event() for _ in long]
+        for (r, _), e in zip(long, started):
+            r.on_token = lambda t, v, e=e: e.set()
+        pending = [asyncio.ensure_future(channel.complete("whale", r)) for r, _ in long]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 120)
+        channel.writer.close()  # the replica's end goes away with requests in flight
+        errors = await asyncio.gather(*pending, return_exceptions=True)
+        for _ in range(600):
+            stats = await engine_actor.stats.remote("whale")
+            if stats["in_flight"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"the closed connection's requests are still in flight in the engine actor: {stats}")
+        ok = await channel.complete("whale", _requests(1)[0])  # the next request connects afresh
+        return errors, stats, ok
+
+    errors, stats, ok = asyncio.run(go())
+    assert not (tmp_path / "ran").exists()
+    assert all(isinstance(e, RuntimeError) and "engine actor" in str(e) for e in errors), errors
+    assert stats["tokens"] < sum(n for _, n in long), stats  # their rows left the engine before their ends
+    assert ok.completion_ids

@@ -12,8 +12,8 @@ renders, counts and bounds prompts itself), `version`, `complete` (streaming thr
   replica (the route, the body, the reply, request metrics, the access log); beside the engine's sampling
   thread in one process that Python holds the GIL the engine needs between its forward passes (py-spy on the
   replica, 2 cores, 32 clients: the engine thread ran in ~18 % of samples). In an actor of its own the engine
-  has its process's GIL to itself; the requests and their tokens and outputs cross in batches (one actor call per
-  batch of arrivals, one streamed object per batch of events: whale_ray/serve/channel.py). Each replica keeps its own engines,
+  has its process's GIL to itself; the requests and their tokens and outputs cross a socket in batches (one frame
+  per batch of arrivals, one per batch of events: whale_ray/serve/channel.py). Each replica keeps its own engines,
   so a weight swap is what it was: the replica loads each version into them, and the requests in flight
   finish on the weights they started with.
 """
@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import AsyncIterator
-
 import ray
 import torch
 
@@ -31,7 +29,7 @@ from whale_ray.policy.engine import GenerationOutput, GenerationRequest, check_r
 from whale_ray.policy.serving import PolicyService, to_call
 from whale_ray.policy.tiny import load_tokenizer
 from whale_ray.records import ModelCall, SamplingParams
-from whale_ray.serve.channel import DONE, FAILED, TOKEN, Channel, Outbox, portable
+from whale_ray.serve.channel import Channel, Link
 from whale_ray.serve.follow import Weights, load_state_dict
 from whale_ray.serve.spec import EndpointSpec
 
@@ -81,59 +79,27 @@ class LocalEngine:
 @ray.remote
 class EngineActor:
     """One replica's `PolicyService`s, by model name, in a process of their own (the module docstring says why),
-    fed and read in batches through whale_ray/serve/channel.py."""
+    fed and read in batches over the socket of whale_ray/serve/channel.py."""
 
     def __init__(self, start: dict[str, Weights], spec: EndpointSpec):
         _threads(spec)
         self.services = {name: _service(w, spec) for name, w in start.items()}
-        self.tasks: dict[int, asyncio.Task] = {}  # the requests in flight, by the replica's ids
-        self.submits = 0  # calls that brought requests (fewer than the requests: they come in batches)
-        self._outbox: Outbox | None = None
-
-    def outbox(self) -> Outbox:
-        if self._outbox is None:  # made on the actor's event loop, where its reader runs
-            self._outbox = Outbox(asyncio.get_running_loop())
-        return self._outbox
+        self._link = Link(self.services)
 
     def max_context(self, name: str) -> int:
         return self.services[name].engine.max_context
 
-    async def submit(self, name: str, batch: list[tuple[int, GenerationRequest, bool]]) -> None:
-        """Starts each (request id, request, stream?) of `batch`; what becomes of them comes out of `events`."""
-        box, service = self.outbox(), self.services[name]
-        self.submits += 1
-        for rid, request, stream in batch:
-            if stream:
-                request.on_token = lambda t, v, rid=rid: box.put((TOKEN, rid, t, v))
-            task = asyncio.ensure_future(service.complete(request))
-            self.tasks[rid] = task
-            task.add_done_callback(lambda t, rid=rid: self._finished(rid, t))
-
-    def _finished(self, rid: int, task: asyncio.Task) -> None:
-        self.tasks.pop(rid, None)
-        if task.cancelled():  # by the replica: nobody waits for it
-            return
-        error = task.exception()
-        self.outbox().put((DONE, rid, task.result()) if error is None else (FAILED, rid, portable(error)))
-
-    def cancel(self, rids: list[int]) -> None:
-        for rid in rids:
-            task = self.tasks.get(rid)
-            if task is not None:
-                task.cancel()
-
-    async def events(self) -> AsyncIterator[list[tuple]]:
-        """Every event since the last item, for as long as the replica reads (one reader: its `Channel`)."""
-        box = self.outbox()
-        while True:
-            yield await box.take()
+    async def link(self, node_id: str) -> tuple:
+        """Where the replica on node `node_id` connects, and with which key (whale_ray/serve/channel.py)."""
+        return await self._link.address(node_id == ray.get_runtime_context().get_node_id())
 
     async def load(self, name: str, weights: Weights) -> int:
         return await _load(self.services[name], weights)
 
     def stats(self, name: str) -> dict[str, float]:
         # the engine's process (GET /health shows it), and the hop's batching (all models together)
-        return {**self.services[name].stats(), "pid": os.getpid(), "submits": self.submits, "in_flight": len(self.tasks)}
+        return {**self.services[name].stats(), "pid": os.getpid(), "submits": self._link.submits,
+                "in_flight": len(self._link.tasks)}
 
 
 class ActorEngine:
