@@ -80,14 +80,16 @@ def summary(wall: float, latencies: list[float], sums: list, before: dict, after
             "p99": pct(latencies, 0.99), "batch": d["tokens"] / max(1, d["steps"]), "idle": d["idle_s"] / wall,
             "cpu_ms": per(d["cpu_s"]), "client_ms": per(sum(latencies)), "handler_ms": per(sums[1]),
             "completion_ms": per(sums[2]), "engine_ms": per(d["latency_s"], d["finished"]),
-            "wait_ms": per(d["wait_s"], d["finished"])}
+            "wait_ms": per(d["wait_s"], d["finished"]), "round_trip_ms": per(d["round_trip_s"], d["round_trips"]),
+            "actor_ms": per(d["actor_s"], d["answered"])}
 
 
 def engine_counts(stats: dict, cpu_s: float = 0.0) -> dict[str, float]:
     """The counters `summary` reads, from a `PolicyService.stats()` (continuous: its steps are engine steps)."""
     return {"steps": stats["batches"], "tokens": stats.get("tokens", stats["requests"]),
             "idle_s": stats.get("idle_s", 0.0), "cpu_s": cpu_s, "finished": stats.get("finished", 0),
-            "wait_s": stats.get("wait_s", 0.0), "latency_s": stats.get("latency_s", 0.0)}
+            "wait_s": stats.get("wait_s", 0.0), "latency_s": stats.get("latency_s", 0.0),
+            **{k: stats.get(k, 0) for k in ("round_trips", "round_trip_s", "answered", "actor_s")}}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -337,18 +339,27 @@ def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict) 
               flush=True)
 
 
+def split(b: dict) -> str:
+    if not b["round_trip_ms"]:  # the replica layout: no channel
+        return ""
+    return (f" (replica {b['completion_ms'] - b['round_trip_ms']:.1f}, socket {b['round_trip_ms'] - b['actor_ms']:.1f}, "
+            f"actor {b['actor_ms'] - b['engine_ms']:.1f})")
+
+
 def print_times(local: dict, remote: dict) -> None:
     """Where a request's time went (means, ms): in process, the client's latency and the engine's share of it; through
     the endpoint, the client's latency as the HTTP path (the client, Serve, the handler's way in and out), the
     handler's own work around the completion, the hop to the engine and back (the completion less the engine's
     time; in the replica layout only the event loop's turns) and the engine. The engine's time runs from a request
-    reaching it to its output, of it `wait` before it joined a batch."""
+    reaching it to its output, of it `wait` before it joined a batch. In the actor layout the hop splits further:
+    the replica's part of the completion outside the channel (the prompt's rendering, the reply, its loop's turns),
+    the socket both ways (with each end's wake-ups) and the engine actor's loop around the engine."""
     for (c, n), a in local.items():
         b = remote[c, n]
         print(f"    ms per request at {c} clients x {n}: in process {a['client_ms']:.1f} = engine {a['engine_ms']:.1f} "
               f"(wait {a['wait_ms']:.1f}) + {a['client_ms'] - a['engine_ms']:.1f}; endpoint {b['client_ms']:.1f} = HTTP "
               f"{b['client_ms'] - b['handler_ms']:.1f} + handler {b['handler_ms'] - b['completion_ms']:.1f} + hop "
-              f"{b['completion_ms'] - b['engine_ms']:.1f} + engine {b['engine_ms']:.1f} (wait {b['wait_ms']:.1f}); "
+              f"{b['completion_ms'] - b['engine_ms']:.1f}{split(b)} + engine {b['engine_ms']:.1f} (wait {b['wait_ms']:.1f}); "
               f"req/s of each round: in process {', '.join(f'{x:.1f}' for x in a['rounds'])}, endpoint "
               f"{', '.join(f'{x:.1f}' for x in b['rounds'])}", flush=True)
 

@@ -49,9 +49,9 @@ def test_concurrent_requests_cross_in_one_frame_and_equal_the_engine_in_process(
         channel = Channel(engine_actor, node_id=None if node == "here" else "a-node-id-of-another-node")
         outs = await asyncio.gather(*(channel.complete("whale", r) for r in requests))
         again = await channel.complete("whale", _requests(1)[0])  # the reader, started by the first batch, goes on
-        return outs, again, channel.writer.get_extra_info("peername")
+        return outs, again, channel.writer.get_extra_info("peername"), channel.timing
 
-    outs, again, peer = asyncio.run(go())
+    outs, again, peer, trips = asyncio.run(go())
     assert isinstance(peer, str) == (node == "here"), peer  # a socket path, or (host, port)
     assert [o.completion_ids for o in outs] == [e.completion_ids for e in expected]
     assert [o.text for o in outs] == [e.text for e in expected]
@@ -60,6 +60,9 @@ def test_concurrent_requests_cross_in_one_frame_and_equal_the_engine_in_process(
         assert [t for t, _ in tokens] == outs[i].completion_ids and {v for _, v in tokens} == {0}
     stats = ray_cluster.get(engine_actor.stats.remote("whale"))
     assert stats["submits"] == 2 and stats["in_flight"] == 0  # 24 requests in one frame, then the 25th
+    # each request's seconds: in the engine, within the actor's part, within the channel's round trip
+    assert stats["finished"] == stats["answered"] == trips["round_trips"] == 25, (stats, trips)
+    assert 0 < stats["latency_s"] < stats["actor_s"] < trips["round_trip_s"], (stats, trips)
 
 
 def _long(tiny_policy: str) -> list[tuple[GenerationRequest, int]]:

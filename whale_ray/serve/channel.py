@@ -32,6 +32,7 @@ import pickle
 import secrets
 import struct
 import tempfile
+import time
 from typing import Any, Callable, Optional
 
 from whale_ray.policy.engine import GenerationOutput, GenerationRequest
@@ -99,6 +100,10 @@ class Link:
         self.key = secrets.token_bytes(KEY_BYTES)
         self.tasks: dict[tuple[int, int], asyncio.Task] = {}  # in flight, by (connection, the replica's id)
         self.submits = 0  # frames that brought requests (fewer than the requests: they come in batches)
+        self.arrived: dict[tuple[int, int], float] = {}
+        # the requests answered, and their seconds here, from their frame to their answer's (the engine's, and
+        # this loop's around it)
+        self.timing = {"answered": 0, "actor_s": 0.0}
         self.connections = itertools.count()
         self.addresses: dict[bool, tuple] = {}
         self.servers: list[asyncio.AbstractServer] = []
@@ -148,9 +153,10 @@ class Link:
             writer.close()
 
     def _submit(self, conn: int, box: Outbox, name: str, batch: list[tuple[int, GenerationRequest, bool]]) -> None:
-        service = self.services[name]
+        service, now = self.services[name], time.perf_counter()
         self.submits += 1
         for rid, request, stream in batch:
+            self.arrived[conn, rid] = now
             if stream:
                 request.on_token = lambda t, v, rid=rid: box.put((TOKEN, rid, t, v))
             task = asyncio.ensure_future(service.complete(request))
@@ -159,9 +165,12 @@ class Link:
 
     def _finished(self, conn: int, box: Outbox, rid: int, task: asyncio.Task) -> None:
         self.tasks.pop((conn, rid), None)
+        arrived = self.arrived.pop((conn, rid))
         if task.cancelled():  # by the replica, or its connection closed: nobody waits for it
             return
         error = task.exception()
+        self.timing["answered"] += 1
+        self.timing["actor_s"] += time.perf_counter() - arrived
         box.put((DONE, rid, task.result()) if error is None else (FAILED, rid, portable(error)))
 
     @staticmethod
@@ -175,6 +184,7 @@ class Link:
 class _Waiting:
     future: asyncio.Future
     on_token: Optional[Callable[[int, int], None]]
+    start: float
 
 
 class Channel:
@@ -191,6 +201,8 @@ class Channel:
         self.reader: Optional[asyncio.Task] = None  # connects, then reads; None: the next request connects afresh
         self.writer: Optional[asyncio.StreamWriter] = None  # None until connected
         self.flushing = False
+        # the requests answered, and their seconds from reaching this channel to their answer read off the socket
+        self.timing = {"round_trips": 0, "round_trip_s": 0.0}
 
     async def complete(self, model: str, request: GenerationRequest) -> GenerationOutput:
         loop = asyncio.get_running_loop()
@@ -198,7 +210,7 @@ class Channel:
             self.reader = loop.create_task(self._read())
         rid = next(self.ids)
         future = loop.create_future()
-        self.waiting[rid] = _Waiting(future, request.on_token)
+        self.waiting[rid] = _Waiting(future, request.on_token, time.perf_counter())
         plain = dataclasses.replace(request, on_token=None)  # a callback into this process does not travel
         self.outgoing.setdefault(model, []).append((rid, plain, request.on_token is not None))
         self._schedule(loop)
@@ -253,6 +265,8 @@ class Channel:
                             w.on_token(event[2], event[3])
                         continue
                     del self.waiting[event[1]]
+                    self.timing["round_trips"] += 1
+                    self.timing["round_trip_s"] += time.perf_counter() - w.start
                     if not w.future.done():
                         if event[0] == DONE:
                             w.future.set_result(event[2])

@@ -99,7 +99,7 @@ class EngineActor:
     def stats(self, name: str) -> dict[str, float]:
         # the engine's process (GET /health shows it), and the hop's batching (all models together)
         return {**self.services[name].stats(), "pid": os.getpid(), "submits": self._link.submits,
-                "in_flight": len(self._link.tasks)}
+                "in_flight": len(self._link.tasks), **self._link.timing}
 
 
 class ActorEngine:
@@ -123,7 +123,8 @@ class ActorEngine:
         self.version = await self.actor.load.remote(self.name, weights)
 
     async def stats(self) -> dict[str, float]:
-        return await self.actor.stats.remote(self.name)
+        # the channel's round trips (all the replica's models together) beside the actor's seconds within them
+        return {**await self.actor.stats.remote(self.name), **self.channel.timing}
 
 
 def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, LocalEngine | ActorEngine]:
