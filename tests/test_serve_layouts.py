@@ -34,17 +34,18 @@ def in_process(policy: str, messages=None, prompt=None, **sampling) -> str:
     return engine.generate([GenerationRequest(messages or [], SamplingParams(**sampling), prompt=prompt)])[0].text
 
 
-@pytest.mark.parametrize("layout,ingress,access_log", [("replica", "proxy", True), ("actor", "proxy", False),
-                                                        ("replica", "direct", False)])
+@pytest.mark.parametrize("layout,ingress,access_log,user_code_thread", [
+    ("replica", "proxy", True, True), ("actor", "proxy", False, False), ("replica", "direct", False, False)])
 def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluster, tiny_policy, layout, ingress,
-                                                                     access_log):
+                                                                     access_log, user_code_thread):
     import httpx2
 
     from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig
     from whale_ray.serve.app import deploy, undeploy
     from whale_ray.serve.spec import for_model
 
-    serve = ServeConfig(port=free_port(), replicas=1, engine_layout=layout, ingress=ingress, access_log=access_log)
+    serve = ServeConfig(port=free_port(), replicas=1, engine_layout=layout, ingress=ingress, access_log=access_log,
+                        user_code_thread=user_code_thread)
     spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(device="cpu"),
                      sandbox=SandboxConfig(), serve=serve)
     logs = Path(ray_cluster._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
@@ -68,6 +69,8 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
         stats = health["batches"]["whale"]
         engine_pid, replica_pid = stats["pid"], health["pid"]
         assert (engine_pid == replica_pid) == (layout == "replica")
+        # the handlers on Serve's main loop, or on its loop for user code in a thread of its own
+        assert ("_run_user_code" in health["thread"]) == user_code_thread, health["thread"]
         assert stats["idle_s"] > 0  # the engine waited between the requests above
         if layout == "actor":  # every request crossed the hop, none is left in flight there
             assert stats["submits"] == stats["requests"] == 4 and stats["in_flight"] == 0, stats

@@ -17,6 +17,7 @@ import hmac
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Any, Optional
 
@@ -89,7 +90,9 @@ class WhaleEndpoint:
     @app.get("/health")
     async def health(self) -> dict[str, Any]:
         # pid: this replica's process; each model's engine names its own (serve.engine_layout)
-        return {"status": "ok", "pid": os.getpid(), "versions": self.replica.versions(),
+        # thread: the one that runs the handlers (serve.user_code_thread)
+        return {"status": "ok", "pid": os.getpid(), "thread": threading.current_thread().name,
+                "versions": self.replica.versions(),
                 "in_flight": self.replica.in_flight,
                 "batches": {name: await m.engine.stats() for name, m in self.replica.models.items()}}
 
@@ -211,6 +214,7 @@ def deploy(spec: EndpointSpec) -> str:
                            f"{_started_serve or 'proxy (started by another driver)'}; stop it first "
                            "(`serve shutdown`) or use that ingress")
     env = _direct_env(c) if c.ingress == "direct" else {}
+    replica_env = {**env, "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": str(int(c.user_code_thread))}
     # Serve's access log: a line per request in the proxy and again in the replica, written by the Python that
     # also serves the requests (serve.access_log)
     logs = LoggingConfig(enable_access_log=c.access_log)
@@ -223,7 +227,7 @@ def deploy(spec: EndpointSpec) -> str:
     opts: dict[str, Any] = {"max_ongoing_requests": 2 * c.max_concurrent + 8, "logging_config": logs,
                             "ray_actor_options": {"num_cpus": c.replica_cpus if mine else 0,
                                                   "num_gpus": c.replica_gpus if mine else 0,
-                                                  **({"runtime_env": {"env_vars": env}} if env else {})}}
+                                                  "runtime_env": {"env_vars": replica_env}}}
     if c.min_replicas is not None and c.max_replicas is not None:
         opts["autoscaling_config"] = {"min_replicas": c.min_replicas, "max_replicas": c.max_replicas,
                                       "target_ongoing_requests": max(1, c.max_concurrent // 2),
