@@ -52,7 +52,7 @@ def test_concurrent_requests_cross_in_one_frame_and_equal_the_engine_in_process(
         return outs, again, channel.writer.get_extra_info("peername"), channel.timing
 
     outs, again, peer, trips = asyncio.run(go())
-    assert isinstance(peer, str) == (node == "here"), peer  # a socket path, or (host, port)
+    assert isinstance(peer, (str, bytes)) == (node == "here"), peer  # a Unix socket's name, or (host, port)
     assert [o.completion_ids for o in outs] == [e.completion_ids for e in expected]
     assert [o.text for o in outs] == [e.text for e in expected]
     assert again.completion_ids == expected[0].completion_ids
@@ -139,6 +139,11 @@ def test_the_link_unpickles_nothing_before_the_key_and_cancels_what_a_closed_con
             writer.write_eof()
             assert await asyncio.wait_for(reader.read(), 30) == b""  # closed, with nothing sent back
             writer.close()
+        reader, writer = await asyncio.open_unix_connection(path)  # the key, then a frame not of the protocol
+        body = pickle.dumps("not a message")
+        writer.write(key + struct.pack(">I", len(body)) + body)
+        assert await asyncio.wait_for(reader.read(), 30) == b""
+        writer.close()
         channel = Channel(engine_actor)
         started = [asyncio.Event() for _ in long]
         for (r, _), e in zip(long, started):

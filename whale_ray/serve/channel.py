@@ -14,8 +14,8 @@ token, weight version), (DONE, id, GenerationOutput), (FAILED, id, error). A req
 DONE (the engine's thread calls `on_token` before it resolves the request's future, whose completion reaches the
 actor's loop after that), and one reader takes them in order, so a stream sees every token before its end.
 
-The connection's first bytes are the key, checked before anything is unpickled: on TCP, anything on the network
-can connect. A closed connection fails the replica's requests in flight (the next request connects afresh) and
+The connection's first bytes are the key, checked before anything is unpickled: anything on the host can reach the
+Unix socket (an abstract one), anything on the network the TCP port. A closed connection fails the replica's requests in flight (the next request connects afresh) and
 cancels them in the engine (nobody waits for them any more).
 """
 
@@ -31,7 +31,6 @@ import os
 import pickle
 import secrets
 import struct
-import tempfile
 import time
 from typing import Any, Callable, Optional
 
@@ -63,6 +62,10 @@ async def _read_frame(reader: asyncio.StreamReader) -> Any:
     if n > MAX_FRAME:
         raise ConnectionError(f"the engine link sent a frame of {n} bytes (at most {MAX_FRAME}): closed")
     return pickle.loads(await reader.readexactly(n))
+
+
+def _is(message: Any, kind: int, size: int) -> bool:
+    return isinstance(message, tuple) and len(message) == size and message[0] == kind
 
 
 class Outbox:
@@ -111,8 +114,8 @@ class Link:
     async def address(self, local: bool) -> tuple:
         """("unix", path, key) for a replica on this node, ("tcp", host, port, key) for one elsewhere."""
         if local not in self.addresses:
-            if local:  # in a directory of its own, mode 0700: only this user reaches it
-                path = os.path.join(tempfile.mkdtemp(prefix="whale-engine-"), "link")
+            if local:  # Linux's abstract namespace: no file that a killed actor would leave behind (the key guards it)
+                path = f"\0whale-engine-{os.getpid()}-{secrets.token_hex(8)}"
                 self.servers.append(await asyncio.start_unix_server(self._serve, path))
                 self.addresses[local] = ("unix", path)
             else:
@@ -134,16 +137,20 @@ class Link:
             sending = asyncio.ensure_future(self._send(box, writer))
             while True:
                 message = await _read_frame(reader)
-                if message[0] == SUBMIT:
+                if _is(message, SUBMIT, 3) and message[1] in self.services and isinstance(message[2], list):
                     self._submit(conn, box, *message[1:])
-                else:
+                elif _is(message, CANCEL, 2) and isinstance(message[1], list):
                     for rid in message[1]:
                         task = self.tasks.get((conn, rid))
                         if task is not None:
                             task.cancel()
-        except (asyncio.IncompleteReadError, ConnectionError) as e:  # the replica went away, or broke the protocol
-            if not isinstance(e, asyncio.IncompleteReadError):
-                log.warning("engine link: %s", e)
+                else:
+                    raise ValueError(f"a frame that is neither (SUBMIT, a served model, [...]) nor (CANCEL, [...]): "
+                                     f"{type(message).__name__} {str(message)[:80]}")
+        except asyncio.IncompleteReadError:  # the replica went away
+            pass
+        except Exception as e:  # noqa: BLE001 - a frame that is not the protocol's: this connection ends, not the actor
+            log.warning("engine link: connection %d closed: %s: %s", conn, type(e).__name__, e)
         finally:
             if sending is not None:
                 sending.cancel()
