@@ -144,6 +144,7 @@ def test_the_link_unpickles_nothing_before_the_key_and_cancels_what_a_closed_con
         writer.write(key + struct.pack(">I", len(body)) + body)
         assert await asyncio.wait_for(reader.read(), 30) == b""
         writer.close()
+        assert not os.path.exists(path)  # a connection with the key closed its listener, and its file went
         channel = Channel(engine_actor)
         started = [asyncio.Event() for _ in long]
         for (r, _), e in zip(long, started):

@@ -14,8 +14,8 @@ token, weight version), (DONE, id, GenerationOutput), (FAILED, id, error). A req
 DONE (the engine's thread calls `on_token` before it resolves the request's future, whose completion reaches the
 actor's loop after that), and one reader takes them in order, so a stream sees every token before its end.
 
-The connection's first bytes are the key, checked before anything is unpickled: anything on the host can reach the
-Unix socket (an abstract one), anything on the network the TCP port. A closed connection fails the replica's requests in flight (the next request connects afresh) and
+The connection's first bytes are the key, checked before anything is unpickled: on TCP, anything on the network
+can connect. A closed connection fails the replica's requests in flight (the next request connects afresh) and
 cancels them in the engine (nobody waits for them any more).
 """
 
@@ -30,7 +30,9 @@ import logging
 import os
 import pickle
 import secrets
+import shutil
 import struct
+import tempfile
 import time
 from typing import Any, Callable, Optional
 
@@ -108,32 +110,37 @@ class Link:
         # this loop's around it)
         self.timing = {"answered": 0, "actor_s": 0.0}
         self.connections = itertools.count()
-        self.addresses: dict[bool, tuple] = {}
-        self.servers: list[asyncio.AbstractServer] = []
 
     async def address(self, local: bool) -> tuple:
-        """("unix", path, key) for a replica on this node, ("tcp", host, port, key) for one elsewhere."""
-        if local not in self.addresses:
-            if local:  # Linux's abstract namespace: no file that a killed actor would leave behind (the key guards it)
-                path = f"\0whale-engine-{os.getpid()}-{secrets.token_hex(8)}"
-                self.servers.append(await asyncio.start_unix_server(self._serve, path))
-                self.addresses[local] = ("unix", path)
-            else:
-                import ray
+        """A listener for one connection: ("unix", path, key) for a replica on this node, ("tcp", host, port, key)
+        for one elsewhere. It closes once a connection brings the key, and a Unix socket's file goes with it (a
+        filesystem path: uvloop, which Serve's loop may be, takes no abstract names)."""
+        done: list[Callable[[], None]] = []
 
-                host = ray.util.get_node_ip_address()
-                server = await asyncio.start_server(self._serve, host, 0)
-                self.servers.append(server)
-                self.addresses[local] = ("tcp", host, server.sockets[0].getsockname()[1])
-        return (*self.addresses[local], self.key)
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve(reader, writer, lambda: [close() for close in done])
+        if local:  # in a directory of its own, mode 0700: only this user reaches it
+            where = tempfile.mkdtemp(prefix="whale-engine-")
+            path = os.path.join(where, "link")
+            server = await asyncio.start_unix_server(serve, path)
+            done.append(lambda: (server.close(), shutil.rmtree(where, ignore_errors=True)))
+            return "unix", path, self.key
+        import ray
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host = ray.util.get_node_ip_address()
+        server = await asyncio.start_server(serve, host, 0)
+        done.append(server.close)
+        return "tcp", host, server.sockets[0].getsockname()[1], self.key
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     keyed: Callable[[], Any]) -> None:
         conn, box = next(self.connections), Outbox(asyncio.get_running_loop())
         sending: Optional[asyncio.Task] = None
         try:
             if not hmac.compare_digest(await reader.readexactly(KEY_BYTES), self.key):
                 log.warning("engine link: a connection without the key, closed")
                 return
+            keyed()
             sending = asyncio.ensure_future(self._send(box, writer))
             while True:
                 message = await _read_frame(reader)

@@ -1,0 +1,78 @@
+"""Round after round, the endpoint alone and then the same engine in process: does either drift?
+
+serve_throughput.py interleaves the two and keeps each one's best round; this one shows every round of each, with
+where a request's time went (the HTTP path, the hop, the engine, rows per engine step), to tell a drift of the
+endpoint's own from the machine's. The actor layout with direct ingress, 32 clients in 16 processes.
+
+    python benchmarks/serve_rounds.py [--device cuda --model DIR] [--rounds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import serve_throughput as st  # noqa: E402
+
+CLIENTS, PER_CLIENT, MAX_TOKENS, WAIT_MS = 32, 24, 32, 5.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
+    ap.add_argument("--rounds", type=int, default=8)
+    args = ap.parse_args()
+    import ray
+    import torch
+
+    from whale_ray.config import ServeConfig, dump_config, load_config
+    from whale_ray.run_state import RunState
+    from whale_ray.serve.app import deploy, free_port, undeploy
+    from whale_ray.serve.spec import for_run_dir
+
+    if args.model is None:
+        from whale_ray.domain import get_domain
+        from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
+
+        args.model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
+    model, gpus = str(Path(args.model).resolve()), 1 if args.device.startswith("cuda") else 0
+    torch.set_num_threads(2)  # as the endpoint's engine (serve.replica_cpus)
+    os.environ.setdefault("RAY_worker_niceness", "0")  # serve_throughput.py says why
+    ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
+    root = Path(tempfile.mkdtemp(prefix="serve-rounds-"))
+    RunState().save(root)
+    cfg = load_config(None, {"run_dir": str(root), "policy.device": args.device, "policy.batch_wait_ms": WAIT_MS})
+    (root / "config.yaml").write_text(dump_config(cfg))
+    serve = ServeConfig(port=free_port(), max_concurrent=64, engine_layout="actor", ingress="direct", replica_cpus=2,
+                        replica_gpus=gpus)
+    url = deploy(for_run_dir(root, model, serve))
+    procs = st.ClientProcesses(16, url, MAX_TOKENS)
+    _, counts = st.endpoint_call(url, MAX_TOKENS)
+
+    async def rounds() -> None:
+        for i in range(args.rounds):
+            r = await procs.round(CLIENTS, PER_CLIENT, counts)
+            print(f"endpoint round {i}: {r['req_s']:.1f} req/s; ms per request: client {r['client_ms']:.1f} = HTTP "
+                  f"{r['client_ms'] - r['handler_ms']:.1f} + hop {r['completion_ms'] - r['engine_ms']:.1f} + engine "
+                  f"{r['engine_ms']:.1f}; {r['batch']:.1f} rows per step; replica CPU {r['cpu_ms']:.2f} ms", flush=True)
+        call, local_counts = st.in_process_call(model, MAX_TOKENS, WAIT_MS, "continuous", args.device)
+        await call(0)  # warm-up
+        for i in range(args.rounds):
+            r = await st.closed_loop(call, CLIENTS, PER_CLIENT, local_counts)
+            print(f"in-process round {i}: {r['req_s']:.1f} req/s; engine {r['engine_ms']:.1f} ms per request; "
+                  f"{r['batch']:.1f} rows per step", flush=True)
+    try:
+        asyncio.run(rounds())
+    finally:
+        procs.close()
+        undeploy()
+
+
+if __name__ == "__main__":
+    main()
