@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+
 import ray
 import torch
 
