@@ -31,24 +31,18 @@ def main() -> None:
     import ray
     import torch
 
-    from whale_ray.config import ServeConfig, dump_config, load_config
+    from whale_ray.config import ServeConfig
     from whale_ray.run_state import RunState
     from whale_ray.serve.app import deploy, free_port, undeploy
     from whale_ray.serve.spec import for_run_dir
 
-    if args.model is None:
-        from whale_ray.domain import get_domain
-        from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
-
-        args.model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
-    model, gpus = str(Path(args.model).resolve()), 1 if args.device.startswith("cuda") else 0
+    model, gpus = st.model_path(args.model), 1 if args.device.startswith("cuda") else 0
     torch.set_num_threads(2)  # as the endpoint's engine (serve.replica_cpus)
     os.environ.setdefault("RAY_worker_niceness", "0")  # serve_throughput.py says why
     ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
     root = Path(tempfile.mkdtemp(prefix="serve-rounds-"))
     RunState().save(root)
-    cfg = load_config(None, {"run_dir": str(root), "policy.device": args.device, "policy.batch_wait_ms": WAIT_MS})
-    (root / "config.yaml").write_text(dump_config(cfg))
+    st.write_run_config(root, args.device, WAIT_MS, "continuous")
     serve = ServeConfig(port=free_port(), max_concurrent=64, engine_layout="actor", ingress="direct", replica_cpus=2,
                         replica_gpus=gpus)
     url = deploy(for_run_dir(root, model, serve))

@@ -241,15 +241,13 @@ async def side_by_side(local, remote, levels: list[int], lengths: list[int], rou
     await local(0)
     await remote(0)  # warm-up
     for key in [(c, n) for c in levels for n in lengths]:
-        seen: tuple[list, list] = ([], [])
+        runs: tuple[list, list] = ([], [])
         for _ in range(rounds):
-            a = await closed_loop(local, *key, local_counts)
-            b = await (procs.round(*key, remote_counts) if procs else closed_loop(remote, *key, remote_counts))
-            for best, r, all_ in ((best_local, a, seen[0]), (best_remote, b, seen[1])):
-                all_.append(r["req_s"])
-                if key not in best or r["req_s"] > best[key]["req_s"]:
-                    best[key] = r
-                best[key]["rounds"] = all_
+            runs[0].append(await closed_loop(local, *key, local_counts))
+            runs[1].append(await (procs.round(*key, remote_counts) if procs else
+                                  closed_loop(remote, *key, remote_counts)))
+        for best, rs in zip((best_local, best_remote), runs):
+            best[key] = {**max(rs, key=lambda r: r["req_s"]), "rounds": [r["req_s"] for r in rs]}
     await remote.close()
     return best_local, best_remote
 
@@ -364,6 +362,25 @@ def print_times(local: dict, remote: dict) -> None:
               f"{', '.join(f'{x:.1f}' for x in b['rounds'])}", flush=True)
 
 
+def model_path(model: str | None) -> str:
+    """`model` resolved, or the embedded tiny math policy (built once, then cached)."""
+    if model is None:
+        from whale_ray.domain import get_domain
+        from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
+
+        model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
+    return str(Path(model).resolve())
+
+
+def write_run_config(root: Path, device: str, batch_wait_ms: float, batching: str) -> None:
+    """The run directory's config.yaml, as a run writes it: the endpoint's engines read their policy settings there."""
+    from whale_ray.config import dump_config, load_config
+
+    cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": batch_wait_ms, "policy.batching": batching,
+                             "policy.device": device})
+    (root / "config.yaml").write_text(dump_config(cfg))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
@@ -394,19 +411,14 @@ def main() -> None:
     lengths = [int(x) for x in args.requests_per_client.split(",")]
     setups = [(layout, ingress, mode) for layout in args.layouts.split(",") for ingress in args.ingress.split(",")
               for mode in args.batching.split(",")]
-    if args.model is None:
-        from whale_ray.domain import get_domain
-        from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
-
-        args.model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
-    args.model = str(Path(args.model).resolve())
+    args.model = model_path(args.model)
     torch.set_num_threads(args.threads)  # the endpoint's engine gets as many (serve.replica_cpus)
     gpus = 1 if args.device.startswith("cuda") else 0
 
     import ray
     from transformers import AutoModelForCausalLM
 
-    from whale_ray.config import ServeConfig, dump_config, load_config
+    from whale_ray.config import ServeConfig
     from whale_ray.run_state import RunState
     from whale_ray.serve.app import deploy, free_port, undeploy
     from whale_ray.serve.spec import for_run_dir
@@ -429,9 +441,7 @@ def main() -> None:
           f"{'req/s ratio':>11} {'tok/s ratio':>11} | {'idle in':>7} {'idle ep':>7} | {'replica CPU ms':>14}")
     try:
         for layout, ingress, mode in setups:  # a deployment each; the last one also serves the HTTP floor and the swap
-            cfg = load_config(None, {"run_dir": str(root), "policy.batch_wait_ms": args.batch_wait_ms,
-                                     "policy.batching": mode, "policy.device": args.device})
-            (root / "config.yaml").write_text(dump_config(cfg))  # as a run writes it
+            write_run_config(root, args.device, args.batch_wait_ms, mode)
             # the replica's CPUs (its engine's torch threads) and GPU: in its process or its engine actor's
             serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, engine_layout=layout, ingress=ingress,
                                 replica_cpus=args.threads, replica_gpus=gpus / args.replicas)

@@ -105,7 +105,6 @@ class Link:
         self.key = secrets.token_bytes(KEY_BYTES)
         self.tasks: dict[tuple[int, int], asyncio.Task] = {}  # in flight, by (connection, the replica's id)
         self.submits = 0  # frames that brought requests (fewer than the requests: they come in batches)
-        self.arrived: dict[tuple[int, int], float] = {}
         # the requests answered, and their seconds here, from their frame to their answer's (the engine's, and
         # this loop's around it)
         self.timing = {"answered": 0, "actor_s": 0.0}
@@ -114,26 +113,25 @@ class Link:
     async def address(self, local: bool) -> tuple:
         """A listener for one connection: ("unix", path, key) for a replica on this node, ("tcp", host, port, key)
         for one elsewhere. It closes once a connection brings the key, and a Unix socket's file goes with it (a
-        filesystem path: uvloop, which Serve's loop may be, takes no abstract names)."""
-        done: list[Callable[[], None]] = []
-
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._serve(reader, writer, lambda: [close() for close in done])
+        filesystem path: uvloop, which Serve's loop may be, takes no abstract names). No connection brings the key
+        before this returns it, so `server` is bound by the time `keyed` runs."""
         if local:  # in a directory of its own, mode 0700: only this user reaches it
             where = tempfile.mkdtemp(prefix="whale-engine-")
             path = os.path.join(where, "link")
-            server = await asyncio.start_unix_server(serve, path)
-            done.append(lambda: (server.close(), shutil.rmtree(where, ignore_errors=True)))
+
+            def keyed() -> None:
+                server.close()
+                shutil.rmtree(where, ignore_errors=True)
+            server = await asyncio.start_unix_server(lambda r, w: self._serve(r, w, keyed), path)
             return "unix", path, self.key
         import ray
 
         host = ray.util.get_node_ip_address()
-        server = await asyncio.start_server(serve, host, 0)
-        done.append(server.close)
+        server = await asyncio.start_server(lambda r, w: self._serve(r, w, server.close), host, 0)
         return "tcp", host, server.sockets[0].getsockname()[1], self.key
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     keyed: Callable[[], Any]) -> None:
+                     keyed: Callable[[], None]) -> None:
         conn, box = next(self.connections), Outbox(asyncio.get_running_loop())
         sending: Optional[asyncio.Task] = None
         try:
@@ -170,16 +168,14 @@ class Link:
         service, now = self.services[name], time.perf_counter()
         self.submits += 1
         for rid, request, stream in batch:
-            self.arrived[conn, rid] = now
             if stream:
                 request.on_token = lambda t, v, rid=rid: box.put((TOKEN, rid, t, v))
             task = asyncio.ensure_future(service.complete(request))
             self.tasks[conn, rid] = task
-            task.add_done_callback(lambda t, rid=rid: self._finished(conn, box, rid, t))
+            task.add_done_callback(lambda t, rid=rid: self._finished(conn, box, rid, t, now))
 
-    def _finished(self, conn: int, box: Outbox, rid: int, task: asyncio.Task) -> None:
+    def _finished(self, conn: int, box: Outbox, rid: int, task: asyncio.Task, arrived: float) -> None:
         self.tasks.pop((conn, rid), None)
-        arrived = self.arrived.pop((conn, rid))
         if task.cancelled():  # by the replica, or its connection closed: nobody waits for it
             return
         error = task.exception()
