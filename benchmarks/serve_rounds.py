@@ -1,10 +1,11 @@
 """Round after round, the endpoint alone and then the same engine in process: does either drift?
 
 serve_throughput.py interleaves the two and keeps each one's best round; this one shows every round of each, with
-where a request's time went (the HTTP path, the hop, the engine, rows per engine step), to tell a drift of the
-endpoint's own from the machine's. The actor layout with direct ingress, 32 clients in 16 processes.
+where a request's time went (the HTTP path, the hop, the engine, rows per engine step, the time a step took), to
+tell a drift of the endpoint's own from the machine's. The actor layout with direct ingress, 32 clients in 16
+processes (`--client-cores K`: on the last K cores, everything else on the others; serve_throughput.py says why).
 
-    python benchmarks/serve_rounds.py [--device cuda --model DIR] [--rounds 8]
+    python benchmarks/serve_rounds.py [--device cuda --model DIR] [--rounds 8] [--client-cores K]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--client-cores", type=int, default=0, help="cores of the client processes alone (0: none)")
     args = ap.parse_args()
     import ray
     import torch
@@ -48,19 +50,25 @@ def main() -> None:
     url = deploy(for_run_dir(root, model, serve))
     procs = st.ClientProcesses(16, url, MAX_TOKENS)
     _, counts = st.endpoint_call(url, MAX_TOKENS)
+    if args.client_cores:
+        print(st.pin_clients([p.pid for p in procs.procs], args.client_cores), flush=True)
+
+    def steps(r: dict) -> str:
+        return (f"{r['batch']:.1f} rows per step, {r['steps_s']:.0f} steps/s, {r['step_ms']:.2f} ms per step, "
+                f"{r['steps_per']:.2f} steps ({r['prefills_per']:.2f} prefills) per request, engine idle {r['idle']:.0%}")
 
     async def rounds() -> None:
         for i in range(args.rounds):
             r = await procs.round(CLIENTS, PER_CLIENT, counts)
             print(f"endpoint round {i}: {r['req_s']:.1f} req/s; ms per request: client {r['client_ms']:.1f} = HTTP "
                   f"{r['client_ms'] - r['handler_ms']:.1f} + hop {r['completion_ms'] - r['engine_ms']:.1f} + engine "
-                  f"{r['engine_ms']:.1f}; {r['batch']:.1f} rows per step; replica CPU {r['cpu_ms']:.2f} ms", flush=True)
+                  f"{r['engine_ms']:.1f}; {steps(r)}; replica CPU {r['cpu_ms']:.2f} ms", flush=True)
         call, local_counts = st.in_process_call(model, MAX_TOKENS, WAIT_MS, "continuous", args.device)
         await call(0)  # warm-up
         for i in range(args.rounds):
             r = await st.closed_loop(call, CLIENTS, PER_CLIENT, local_counts)
             print(f"in-process round {i}: {r['req_s']:.1f} req/s; engine {r['engine_ms']:.1f} ms per request; "
-                  f"{r['batch']:.1f} rows per step", flush=True)
+                  f"{steps(r)}", flush=True)
     try:
         asyncio.run(rounds())
     finally:

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica]
         [--ingress proxy,direct] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4,16]
-        [--max-tokens 32] [--client-procs 1] [--profile SECONDS --profile-dir DIR]
+        [--max-tokens 32] [--client-procs 1 [--client-cores K]] [--profile SECONDS --profile-dir DIR]
 
 For 1, 8 and 32 concurrent clients (each sends its requests one after another: a round of each length given, so
 short rounds, where the clients' first and last requests weigh, sit beside longer, steadier ones): requests/s, completion
@@ -10,7 +10,9 @@ tokens/s and p50/p99 latency through the endpoint (Ray Serve, one replica or --r
 client over loopback HTTP, from this process or spread over --client-procs processes) and through `PolicyService`
 called in this process, with the same engine settings,
 device and torch threads, alternating in-process and endpoint rounds (best of each); then the ratio endpoint /
-in-process, and each side's mean batch per engine pass (the endpoint's from its /health); for each
+in-process of the best rounds and the median ratio of each endpoint round to the in-process round before it
+(`paired`: the engine's speed drifts over minutes on a shared machine, and a pair sees one drift), each side's
+mean batch per engine pass and the time an engine step took (`step ms`) (the endpoint's from its /health); for each
 serve.engine_layout (actor: the engine in an actor of its own beside the replica; replica: in the replica's
 process), each serve.ingress (proxy: through Serve's HTTP proxy; direct: to the replica's own HTTP server) and
 each policy.batching mode, one deployment each, in turn. Then the HTTP path alone (GET /health,
@@ -19,7 +21,9 @@ endpoint. With --profile, each setup is then profiled under 32 clients (py-spy o
 processes; the mean time a request spent at the client, in the replica's handler and in its completion, from the
 replies' Server-Timing headers). The `idle` columns: the share of each round the engine waited with nothing to run
 (in process and in the endpoint); `replica CPU ms`: the replica process's CPU time per request (the HTTP path's
-cost where the engine runs in an actor of its own; the engine's too in the replica layout). Last, 8 streams are
+cost where the engine runs in an actor of its own; the engine's too in the replica layout). `--client-cores K`
+puts the client processes on K cores of their own, as remote clients would be, and everything measured (this
+process with its engine, Ray, the replica and its engine actor) on the others. Last, 8 streams are
 read while a new checkpoint lands in the followed run directory: the longest gap between two chunks of one stream,
 with and without the swap.
 Sampling is seeded (temperature 1, top-k 20); the tiny embedded policy by default. With --device cuda both
@@ -69,8 +73,8 @@ async def run_clients(call, clients: int, per_client: int, first: int = 0) -> tu
 
 def summary(wall: float, latencies: list[float], sums: list, before: dict, after: dict) -> dict[str, float]:
     """A round's numbers; `before` and `after`, the engine's counters around it (`engine_counts`), give its mean
-    batch, the share of it that the engine waited with nothing to run, the replica's CPU time per request (the
-    endpoint's; 0 in process), and where a request's time went: at the client (its latency), in the replica's
+    batch, the share of it that the engine waited with nothing to run, its steps per second and the time one took
+    (forward and sampling: `step_ms`), the replica's CPU time per request (the endpoint's; 0 in process), and where a request's time went: at the client (its latency), in the replica's
     handler and its completion (the endpoint's Server-Timing), in the engine (from reaching it to its output) and,
     of that, waiting to join a batch."""
     n = len(latencies)
@@ -81,13 +85,22 @@ def summary(wall: float, latencies: list[float], sums: list, before: dict, after
             "cpu_ms": per(d["cpu_s"]), "client_ms": per(sum(latencies)), "handler_ms": per(sums[1]),
             "completion_ms": per(sums[2]), "engine_ms": per(d["latency_s"], d["finished"]),
             "wait_ms": per(d["wait_s"], d["finished"]), "round_trip_ms": per(d["round_trip_s"], d["round_trips"]),
-            "actor_ms": per(d["actor_s"], d["answered"])}
+            "actor_ms": per(d["actor_s"], d["answered"]), "step_ms": per(d["busy_s"], d["steps"]),
+            "steps_s": d["steps"] / wall, "steps_per": d["steps"] / max(1, d["finished"]),
+            "prefills_per": d["prefills"] / max(1, d["finished"]),
+            # how late each loop ran a timer, on average (ms): the replica's, the engine actor's
+            "lag_ms": per(d["lag_s"], d["lag_ticks"]), "engine_lag_ms": per(d["engine_lag_s"], d["engine_lag_ticks"])}
 
 
-def engine_counts(stats: dict, cpu_s: float = 0.0) -> dict[str, float]:
-    """The counters `summary` reads, from a `PolicyService.stats()` (continuous: its steps are engine steps)."""
-    return {"steps": stats["batches"], "tokens": stats.get("tokens", stats["requests"]),
-            "idle_s": stats.get("idle_s", 0.0), "cpu_s": cpu_s, "finished": stats.get("finished", 0),
+def engine_counts(stats: dict, cpu_s: float = 0.0, loop: dict | None = None) -> dict[str, float]:
+    """The counters `summary` reads, from a `PolicyService.stats()` (continuous: its steps are engine steps; the
+    engine actor's add its loop's lag) and the replica's loop lag (`loop`, GET /health's)."""
+    loop = loop or {}
+    return {"lag_ticks": loop.get("lag_ticks", 0), "lag_s": loop.get("lag_s", 0.0),
+            "engine_lag_ticks": stats.get("lag_ticks", 0), "engine_lag_s": stats.get("lag_s", 0.0),
+            "steps": stats["batches"], "tokens": stats.get("tokens", stats["requests"]),
+            "idle_s": stats.get("idle_s", 0.0), "busy_s": stats.get("busy_s", 0.0), "prefills": stats.get("prefills", 0),
+            "cpu_s": cpu_s, "finished": stats.get("finished", 0),
             "wait_s": stats.get("wait_s", 0.0), "latency_s": stats.get("latency_s", 0.0),
             **{k: stats.get(k, 0) for k in ("round_trips", "round_trip_s", "answered", "actor_s")}}
 
@@ -96,6 +109,47 @@ def cpu_seconds(pid: int) -> float:
     """A process's user + system CPU time (it runs on this machine: the benchmark starts its own Ray)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(root: int) -> list[int]:
+    """`root` and every process under it."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def pin_clients(clients: list[int], cores: int) -> str:
+    """The load generator on cores of its own, as remote clients would be: every thread of the `clients` processes
+    on the last `cores` cores, every other process under this one (this one, Ray's, Serve's, the replica, its
+    engine's) on the rest. Processes started later inherit their parent's cores."""
+    n = os.cpu_count() or 1
+    theirs = set(range(n - cores, n))
+    ours = set(range(n)) - theirs
+    if not ours or not theirs:
+        raise SystemExit(f"--client-cores {cores}: this machine has {n} cores; leave at least one to each side")
+    for pid in descendants(os.getpid()):
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                os.sched_setaffinity(int(tid), theirs if pid in clients else ours)
+        except OSError:  # gone meanwhile
+            pass
+    return f"clients on cores {min(theirs)}-{max(theirs)}, the rest on 0-{max(ours)}"
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
 
 async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[str, float]:
@@ -142,7 +196,7 @@ def endpoint_call(url: str, max_tokens: int):
 
         async with httpx2.AsyncClient() as c:
             health = (await c.get(url.removesuffix("/v1") + "/health")).json()
-        return engine_counts(health["batches"]["whale-latest"], cpu_seconds(health["pid"]))
+        return engine_counts(health["batches"]["whale-latest"], cpu_seconds(health["pid"]), health.get("loop"))
 
     async def close() -> None:  # in the loop that made the client (else its connections close after the loop)
         if ac:
@@ -155,13 +209,19 @@ def _client_process(conn, url: str, max_tokens: int) -> None:
     """One process of endpoint clients (--client-procs): runs the closed loops the parent sends, (first client,
     clients, requests each), and sends back (start, end, latencies, completion tokens), on the system's monotonic
     clock, which every process shares."""
+    from whale_ray.serve.lag import LoopLag
+
     call, _ = endpoint_call(url, max_tokens)
+    lag = LoopLag()
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
+        lag.start()
         while (job := await loop.run_in_executor(None, conn.recv)) is not None:
             first, clients, per_client = job  # the seeds of clients first.. are those the in-process clients use
-            conn.send(await run_clients(call, clients, per_client, first))
+            before = lag.stats()
+            got = await run_clients(call, clients, per_client, first)
+            conn.send((*got, {k: v - before[k] for k, v in lag.stats().items()}))
         await call.close()
     asyncio.run(serve())
 
@@ -193,8 +253,10 @@ class ClientProcesses:
         replies = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn, _, _ in busy))
         after = await counts()
         wall = max(r[1] for r in replies) - min(r[0] for r in replies)
-        return summary(wall, [x for r in replies for x in r[2]], [sum(x) for x in zip(*(r[3] for r in replies))],
-                       before, after)
+        out = summary(wall, [x for r in replies for x in r[2]], [sum(x) for x in zip(*(r[3] for r in replies))],
+                      before, after)
+        ticks = sum(r[4]["lag_ticks"] for r in replies)
+        return {**out, "client_lag_ms": 1e3 * sum(r[4]["lag_s"] for r in replies) / max(1, ticks)}
 
     def close(self) -> None:
         for conn, p in zip(self.conns, self.procs):
@@ -233,21 +295,34 @@ async def side_by_side(local, remote, levels: list[int], lengths: list[int], rou
                        procs: ClientProcesses | None = None) -> tuple[dict, dict]:
     """Per (clients, requests per client), `rounds` alternations of in-process then endpoint; the best round of
     each (the machine's other load varies from minute to minute: interleaving and best-of keep it out of the ratio
-    as far as one run can), with every round's requests/s under "rounds". One event loop for all: the in-process
+    as far as one run can), with every round's requests/s under "rounds" and the median ratio of each endpoint
+    round to the in-process round before it under "paired". One event loop for all: the in-process
     batcher's worker lives in it. With `procs`, the endpoint's clients run in those processes instead of this one."""
+    from whale_ray.serve.lag import LoopLag
+
     best_local: dict[tuple[int, int], dict[str, float]] = {}
     best_remote: dict[tuple[int, int], dict[str, float]] = {}
     (local, local_counts), (remote, remote_counts) = local, remote
+    lag = LoopLag()  # this process's loop: the in-process clients' (beside the engine's thread), or the endpoint's
+    lag.start()
+
+    async def lagged(run) -> dict[str, float]:
+        before = lag.stats()
+        r = await run
+        return {"client_lag_ms": 1e3 * (lag.late_s - before["lag_s"]) / max(1, lag.ticks - before["lag_ticks"]), **r}
     await local(0)
     await remote(0)  # warm-up
     for key in [(c, n) for c in levels for n in lengths]:
         runs: tuple[list, list] = ([], [])
         for _ in range(rounds):
-            runs[0].append(await closed_loop(local, *key, local_counts))
-            runs[1].append(await (procs.round(*key, remote_counts) if procs else
-                                  closed_loop(remote, *key, remote_counts)))
+            runs[0].append(await lagged(closed_loop(local, *key, local_counts)))
+            runs[1].append(await lagged(procs.round(*key, remote_counts) if procs else
+                                        closed_loop(remote, *key, remote_counts)))
         for best, rs in zip((best_local, best_remote), runs):
             best[key] = {**max(rs, key=lambda r: r["req_s"]), "rounds": [r["req_s"] for r in rs]}
+        # each endpoint round against the in-process round just before it: a drift of the machine's speed over
+        # the run moves both alike
+        best_remote[key]["paired"] = median([b["req_s"] / a["req_s"] for a, b in zip(*runs)])
     await remote.close()
     return best_local, best_remote
 
@@ -332,8 +407,9 @@ def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict) 
         b = remote[c, n]
         print(f"{layout:>7} {ingress:>7} {mode:>10} {c:>7} {n:>6} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
               f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
-              f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['tok_s'] / a['tok_s']:>11.2f} | "
-              f"{a['idle']:>7.0%} {b['idle']:>7.0%} | {b['cpu_ms']:>14.2f}",
+              f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['paired']:>12.2f} "
+              f"{b['tok_s'] / a['tok_s']:>11.2f} | {a['idle']:>7.0%} {b['idle']:>7.0%} | {b['cpu_ms']:>14.2f} | "
+              f"{a['step_ms']:>5.2f} {b['step_ms']:>5.2f}",
               flush=True)
 
 
@@ -351,13 +427,19 @@ def print_times(local: dict, remote: dict) -> None:
     time; in the replica layout only the event loop's turns) and the engine. The engine's time runs from a request
     reaching it to its output, of it `wait` before it joined a batch. In the actor layout the hop splits further:
     the replica's part of the completion outside the channel (the prompt's rendering, the reply, its loop's turns),
-    the socket both ways (with each end's wake-ups) and the engine actor's loop around the engine."""
+    the socket both ways (with each end's wake-ups) and the engine actor's loop around the engine. Then how late each
+    event loop ran a 20 ms timer, on average: the in-process clients' (beside the engine's thread), the endpoint's
+    clients', the replica's and the engine actor's (whale_ray/serve/lag.py): the wait anything ready there had."""
     for (c, n), a in local.items():
         b = remote[c, n]
         print(f"    ms per request at {c} clients x {n}: in process {a['client_ms']:.1f} = engine {a['engine_ms']:.1f} "
               f"(wait {a['wait_ms']:.1f}) + {a['client_ms'] - a['engine_ms']:.1f}; endpoint {b['client_ms']:.1f} = HTTP "
               f"{b['client_ms'] - b['handler_ms']:.1f} + handler {b['handler_ms'] - b['completion_ms']:.1f} + hop "
               f"{b['completion_ms'] - b['engine_ms']:.1f}{split(b)} + engine {b['engine_ms']:.1f} (wait {b['wait_ms']:.1f}); "
+              f"engine steps per request (of them prefills): in process {a['steps_per']:.2f} ({a['prefills_per']:.2f}), "
+              f"endpoint {b['steps_per']:.2f} ({b['prefills_per']:.2f}); loop lag ms (a timer's lateness): in process "
+              f"{a['client_lag_ms']:.2f}, endpoint's clients {b['client_lag_ms']:.2f}, replica {b['lag_ms']:.2f}, engine "
+              f"actor {b['engine_lag_ms']:.2f}; "
               f"req/s of each round: in process {', '.join(f'{x:.1f}' for x in a['rounds'])}, endpoint "
               f"{', '.join(f'{x:.1f}' for x in b['rounds'])}", flush=True)
 
@@ -402,6 +484,9 @@ def main() -> None:
     ap.add_argument("--levels", default="1,8,32", help="concurrent clients (comma-separated)")
     ap.add_argument("--client-procs", type=int, default=1,
                     help="processes the endpoint's clients are spread over (the in-process clients stay in this one)")
+    ap.add_argument("--client-cores", type=int, default=0,
+                    help="with --client-procs: the client processes on the last this many cores, everything else on "
+                         "the others (0: the OS places them)")
     ap.add_argument("--profile", type=int, default=0,
                     help="after each setup's rounds, this many seconds of py-spy (on PATH) on its replica and engine "
                          "processes under 32 clients (raw stacks into --profile-dir)")
@@ -438,7 +523,8 @@ def main() -> None:
           f"rows per engine step, prefills included (continuous)")
     print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} {'req/cl':>6} | {'in-process req/s':>16} {'tok/s':>7} "
           f"{'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
-          f"{'req/s ratio':>11} {'tok/s ratio':>11} | {'idle in':>7} {'idle ep':>7} | {'replica CPU ms':>14}")
+          f"{'req/s ratio':>11} {'paired ratio':>12} {'tok/s ratio':>11} | {'idle in':>7} {'idle ep':>7} | {'replica CPU ms':>14} | "
+          f"{'step ms in, ep':>11}")
     try:
         for layout, ingress, mode in setups:  # a deployment each; the last one also serves the HTTP floor and the swap
             write_run_config(root, args.device, args.batch_wait_ms, mode)
@@ -447,6 +533,8 @@ def main() -> None:
                                 replica_cpus=args.threads, replica_gpus=gpus / args.replicas)
             url = deploy(for_run_dir(root, args.model, serve))
             procs = ClientProcesses(args.client_procs, url, args.max_tokens) if args.client_procs > 1 else None
+            if procs and args.client_cores:
+                print(pin_clients([p.pid for p in procs.procs], args.client_cores), flush=True)
             try:
                 results[layout, ingress, mode] = asyncio.run(side_by_side(
                     in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),

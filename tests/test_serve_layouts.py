@@ -72,8 +72,11 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
         # the handlers on Serve's main loop, or on its loop for user code in a thread of its own
         assert ("_run_user_code" in health["thread"]) == user_code_thread, health["thread"]
         assert stats["idle_s"] > 0  # the engine waited between the requests above
+        assert 0 < stats["busy_s"] < stats["batches"]  # in its steps, each far below a second
+        assert health["loop"]["lag_ticks"] > 0  # the handlers' loop's lag is measured (whale_ray/serve/lag.py)
         if layout == "actor":  # every request crossed the hop, none is left in flight there
             assert stats["submits"] == stats["requests"] == 4 and stats["in_flight"] == 0, stats
+            assert stats["lag_ticks"] > 0, stats  # and the engine actor's loop's
         bad = httpx2.post(url + "/chat/completions", content=b"{not json", timeout=60)
         assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error", bad.text
         assert c.chat.completions.create(model="whale", messages=QUESTION, max_tokens=2).choices  # still serving

@@ -79,6 +79,7 @@ class RunningBatch:
         # temperature, top_k, top_p
         self.t: dict[str, torch.Tensor] = {}
         self.forwards = 0  # forward passes, prefills included
+        self.prefills = 0  # of them, those that admitted newcomers
         self.sampled = 0  # tokens sampled (rows summed over forwards)
 
     def __len__(self) -> int:
@@ -106,6 +107,7 @@ class RunningBatch:
         ids, attention, positions = ids.to(dev), attention.to(dev), positions.to(dev)
         cache = self.new_cache()
         logits = self._forward(ids, attention, positions, cache)
+        self.prefills += 1
         new = {
             "attention": attention, "pos": positions[:, -1] + 1,
             "noise": _padded([r.noise for r in newcomers]),

@@ -216,7 +216,8 @@ class PolicyService:
         if not self.continuous:
             return self.batcher.stats.summary()
         # a "batch" is one engine step here: its mean is the rows per forward pass, prefills included
-        steps, tokens = self.engine.steps, self.engine.tokens
-        return {"batches": steps, "requests": self._requests, "tokens": tokens,
-                "mean_batch": tokens / steps if steps else 0.0, "busy_s": 0.0,
-                "idle_s": round(getattr(self.engine, "idle_s", 0.0), 4), **getattr(self.engine, "timing", {})}
+        e = self.engine
+        steps, tokens = e.steps, e.tokens
+        return {"batches": steps, "prefills": getattr(e, "prefills", 0), "requests": self._requests, "tokens": tokens,
+                "mean_batch": tokens / steps if steps else 0.0, "busy_s": round(getattr(e, "busy_s", 0.0), 4),
+                "idle_s": round(getattr(e, "idle_s", 0.0), 4), **getattr(e, "timing", {})}

@@ -107,6 +107,7 @@ class TransformersEngine:
         self._reloads: list[tuple] = []  # load_weights commands, run once nothing is live
         self._waited = 0  # decode steps the waiting requests have been kept out of a running batch
         self._idle_s, self._idle_since = 0.0, None  # seconds the thread waited with nothing to run; since when
+        self.busy_s = 0.0  # seconds in forward passes and sampling (busy_s / steps: the time a step takes)
         # requests finished, and their seconds from reaching the engine to joining a batch and to their output
         self.timing = {"finished": 0, "wait_s": 0.0, "latency_s": 0.0}
         self._thread = threading.Thread(target=self._serve, name="transformers-engine", daemon=True)
@@ -124,6 +125,11 @@ class TransformersEngine:
     @property
     def tokens(self) -> int:
         return self._batch.sampled
+
+    @property
+    def prefills(self) -> int:
+        """Of the forward passes, those that admitted newcomers (each also merges their cache into the batch's)."""
+        return self._batch.prefills
 
     # -- weights -------------------------------------------------------------------------------------------
 
@@ -233,9 +239,11 @@ class TransformersEngine:
             newcomers = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))] if join else []
             self._waited = 0 if join or not self._waiting else self._waited + 1
             try:
+                t0 = time.perf_counter()
                 done = batch.admit(newcomers, self._version) if newcomers else []
                 if batch:
                     done += batch.step()
+                self.busy_s += time.perf_counter() - t0
                 self._timed(done)
             except Exception as e:  # the engine failed: fail what is live, keep serving what comes next
                 for r in batch.clear() + newcomers:  # a newcomer may be in both: answered once

@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from whale_ray.config import ServeConfig
 from whale_ray.serve import openai_api as api
 from whale_ray.serve.agent import AgentRequest, start_agent_services
+from whale_ray.serve.lag import LoopLag
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
 from whale_ray.serve.replica import Replica
 from whale_ray.serve.spec import EndpointSpec
@@ -70,6 +71,13 @@ class WhaleEndpoint:
         self.replica = Replica(spec, services)
         self._key = spec.api_key_sha256
         self._follow: Optional[asyncio.Task] = None
+        self._lag = LoopLag()  # how late the handlers' loop runs what is ready (GET /health: "loop")
+
+    def _start(self) -> None:
+        """The follower (without traffic too: Serve's health checks call this) and the loop's lag, once."""
+        self._lag.start()
+        if self._follow is None and self.replica.follower is not None:
+            self._follow = asyncio.get_running_loop().create_task(self.replica.follow_forever())
 
     async def _enter(self, request: Request) -> None:
         """Key check, then the run directory's latest state (and the follower started, once)."""
@@ -79,13 +87,11 @@ class WhaleEndpoint:
             if not hmac.compare_digest(hashlib.sha256(given.encode()).hexdigest(), self._key):
                 raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
                                type="authentication_error", code="invalid_api_key")
-        if self._follow is None and self.replica.follower is not None:
-            self._follow = asyncio.get_running_loop().create_task(self.replica.follow_forever())
+        self._start()
         await self.replica.sync()
 
-    async def check_health(self) -> None:  # Serve calls it every few seconds: start following without traffic
-        if self._follow is None and self.replica.follower is not None:
-            self._follow = asyncio.get_running_loop().create_task(self.replica.follow_forever())
+    async def check_health(self) -> None:  # Serve calls it every few seconds
+        self._start()
 
     @app.get("/health")
     async def health(self) -> dict[str, Any]:
@@ -93,7 +99,7 @@ class WhaleEndpoint:
         # thread: the one that runs the handlers (serve.user_code_thread)
         return {"status": "ok", "pid": os.getpid(), "thread": threading.current_thread().name,
                 "versions": self.replica.versions(),
-                "in_flight": self.replica.in_flight,
+                "in_flight": self.replica.in_flight, "loop": self._lag.stats(),
                 "batches": {name: await m.engine.stats() for name, m in self.replica.models.items()}}
 
     @app.get("/v1/models")

@@ -32,6 +32,7 @@ from whale_ray.policy.tiny import load_tokenizer
 from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve.channel import Channel, Link
 from whale_ray.serve.follow import Weights, load_state_dict
+from whale_ray.serve.lag import LoopLag
 from whale_ray.serve.spec import EndpointSpec
 
 ENGINE_START_S = 600.0  # the engine actor's start: placed, the model loaded (vLLM on a GPU: under a minute)
@@ -86,12 +87,14 @@ class EngineActor:
         _threads(spec)
         self.services = {name: _service(w, spec) for name, w in start.items()}
         self._link = Link(self.services)
+        self._lag = LoopLag()  # how late this loop (beside the engine's thread, under one GIL) runs what is ready
 
     def max_context(self, name: str) -> int:
         return self.services[name].engine.max_context
 
     async def link(self, node_id: str) -> tuple:
         """Where the replica on node `node_id` connects, and with which key (whale_ray/serve/channel.py)."""
+        self._lag.start()
         return await self._link.address(node_id == ray.get_runtime_context().get_node_id())
 
     async def load(self, name: str, weights: Weights) -> int:
@@ -100,7 +103,7 @@ class EngineActor:
     def stats(self, name: str) -> dict[str, float]:
         # the engine's process (GET /health shows it), and the hop's batching (all models together)
         return {**self.services[name].stats(), "pid": os.getpid(), "submits": self._link.submits,
-                "in_flight": len(self._link.tasks), **self._link.timing}
+                "in_flight": len(self._link.tasks), **self._link.timing, **self._lag.stats()}
 
 
 class ActorEngine:
