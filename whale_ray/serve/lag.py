@@ -12,7 +12,7 @@ import asyncio
 import time
 from typing import Optional
 
-INTERVAL_S = 0.02  # 50 wake-ups a second: a sample every engine step or few, at no measurable cost
+INTERVAL_S = 0.02  # a sample every few engine steps, seldom enough not to keep waking the engine actor's loop
 
 
 class LoopLag:
