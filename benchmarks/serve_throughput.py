@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -74,9 +75,10 @@ async def run_clients(call, clients: int, per_client: int, first: int = 0) -> tu
 def summary(wall: float, latencies: list[float], sums: list, before: dict, after: dict) -> dict[str, float]:
     """A round's numbers; `before` and `after`, the engine's counters around it (`engine_counts`), give its mean
     batch, the share of it that the engine waited with nothing to run, its steps per second and the time one took
-    (forward and sampling: `step_ms`), the replica's CPU time per request (the endpoint's; 0 in process), and where a request's time went: at the client (its latency), in the replica's
-    handler and its completion (the endpoint's Server-Timing), in the engine (from reaching it to its output) and,
-    of that, waiting to join a batch."""
+    (forward and sampling: `step_ms`), the replica's CPU time per request (the endpoint's; 0 in process), and
+    where a request's time went: at the client (its latency), in the replica's handler and its completion (the
+    endpoint's Server-Timing), in the engine (from reaching it to its output) and, of that, waiting to join a
+    batch."""
     n = len(latencies)
     d = {k: after[k] - before[k] for k in after}
     per = lambda x, count=n: 1e3 * x / max(1, count)  # noqa: E731 - ms per request
@@ -147,9 +149,9 @@ def pin_clients(clients: list[int], cores: int) -> str:
     return f"clients on cores {min(theirs)}-{max(theirs)}, the rest on 0-{max(ours)}"
 
 
-def median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+def mean_lag_ms(spans: list[dict[str, float]]) -> float:
+    """The mean lateness (ms) of the timer runs in `spans` (`LoopLag.since`s of one loop or several)."""
+    return 1e3 * sum(s["lag_s"] for s in spans) / max(1, sum(s["lag_ticks"] for s in spans))
 
 
 async def closed_loop(call, clients: int, per_client: int, counts=None) -> dict[str, float]:
@@ -221,7 +223,7 @@ def _client_process(conn, url: str, max_tokens: int) -> None:
             first, clients, per_client = job  # the seeds of clients first.. are those the in-process clients use
             before = lag.stats()
             got = await run_clients(call, clients, per_client, first)
-            conn.send((*got, {k: v - before[k] for k, v in lag.stats().items()}))
+            conn.send((*got, lag.since(before)))
         await call.close()
     asyncio.run(serve())
 
@@ -253,10 +255,8 @@ class ClientProcesses:
         replies = await asyncio.gather(*(loop.run_in_executor(None, conn.recv) for conn, _, _ in busy))
         after = await counts()
         wall = max(r[1] for r in replies) - min(r[0] for r in replies)
-        out = summary(wall, [x for r in replies for x in r[2]], [sum(x) for x in zip(*(r[3] for r in replies))],
-                      before, after)
-        ticks = sum(r[4]["lag_ticks"] for r in replies)
-        return {**out, "client_lag_ms": 1e3 * sum(r[4]["lag_s"] for r in replies) / max(1, ticks)}
+        return {**summary(wall, [x for r in replies for x in r[2]], [sum(x) for x in zip(*(r[3] for r in replies))],
+                          before, after), "client_lag_ms": mean_lag_ms([r[4] for r in replies])}
 
     def close(self) -> None:
         for conn, p in zip(self.conns, self.procs):
@@ -309,7 +309,8 @@ async def side_by_side(local, remote, levels: list[int], lengths: list[int], rou
     async def lagged(run) -> dict[str, float]:
         before = lag.stats()
         r = await run
-        return {"client_lag_ms": 1e3 * (lag.late_s - before["lag_s"]) / max(1, lag.ticks - before["lag_ticks"]), **r}
+        r.setdefault("client_lag_ms", mean_lag_ms([lag.since(before)]))  # client processes measure their own
+        return r
     await local(0)
     await remote(0)  # warm-up
     for key in [(c, n) for c in levels for n in lengths]:
@@ -322,7 +323,7 @@ async def side_by_side(local, remote, levels: list[int], lengths: list[int], rou
             best[key] = {**max(rs, key=lambda r: r["req_s"]), "rounds": [r["req_s"] for r in rs]}
         # each endpoint round against the in-process round just before it: a drift of the machine's speed over
         # the run moves both alike
-        best_remote[key]["paired"] = median([b["req_s"] / a["req_s"] for a, b in zip(*runs)])
+        best_remote[key]["paired"] = statistics.median([b["req_s"] / a["req_s"] for a, b in zip(*runs)])
     await remote.close()
     return best_local, best_remote
 

@@ -22,3 +22,17 @@ def test_a_blocked_loop_shows_as_lateness():
     assert idle["lag_worst_s"] < 0.05, idle
     assert blocked["lag_worst_s"] >= 0.13, blocked  # the timer due during the block ran ~0.15 s late
     assert blocked["lag_s"] - idle["lag_s"] >= 0.13 and blocked["lag_ticks"] > idle["lag_ticks"], (idle, blocked)
+
+
+def test_since_counts_only_the_span():
+    async def main() -> dict:
+        lag = LoopLag(interval_s=0.01)
+        lag.start()
+        await asyncio.sleep(0.05)
+        before = lag.stats()
+        time.sleep(0.1)
+        await asyncio.sleep(0.03)
+        return lag.since(before)
+
+    span = asyncio.run(main())
+    assert 1 <= span["lag_ticks"] <= 4 and span["lag_s"] >= 0.08, span

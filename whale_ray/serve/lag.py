@@ -38,3 +38,8 @@ class LoopLag:
     def stats(self) -> dict[str, float]:
         """Counters (a reader takes differences over a span): timer runs, their summed and largest lateness."""
         return {"lag_ticks": self.ticks, "lag_s": round(self.late_s, 6), "lag_worst_s": round(self.worst_s, 6)}
+
+    def since(self, before: dict[str, float]) -> dict[str, float]:
+        """The timer runs and their summed lateness since `before` (an earlier `stats()`)."""
+        now = self.stats()
+        return {k: now[k] - before[k] for k in ("lag_ticks", "lag_s")}
