@@ -1,7 +1,7 @@
 """The endpoint against the same engine in process, side by side in one run, and the pause a weight swap makes.
 
-    .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica]
-        [--ingress proxy,direct] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4,16]
+    .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica,shared]
+        [--ingress proxy,direct,haproxy] [--replicas N] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4,16]
         [--max-tokens 32] [--client-procs 1 [--client-cores K]] [--profile SECONDS --profile-dir DIR]
 
 For 1, 8 and 32 concurrent clients (each sends its requests one after another: a round of each length given, so
@@ -14,7 +14,8 @@ in-process of the best rounds and the median ratio of each endpoint round to the
 (`paired`: the engine's speed drifts over minutes on a shared machine, and a pair sees one drift), each side's
 mean batch per engine pass and the time an engine step took (`step ms`) (the endpoint's from its /health); for each
 serve.engine_layout (actor: the engine in an actor of its own beside the replica; replica: in the replica's
-process), each serve.ingress (proxy: through Serve's HTTP proxy; direct: to the replica's own HTTP server) and
+process; shared: one engine actor behind all the replicas), each serve.ingress (proxy: through Serve's HTTP proxy;
+direct: to the replica's own HTTP server; haproxy: through Serve's HAProxy to the replicas' own servers) and
 each policy.batching mode, one deployment each, in turn. Then the HTTP path alone (GET /health,
 no engine work) and, for a machine whose cores the engine shares with it (on CPU), the ratio it leaves the
 endpoint. With --profile, each setup is then profiled under 32 clients (py-spy on the replica's and the engine's
@@ -179,7 +180,33 @@ def in_process_call(model: str, max_tokens: int, wait_ms: float, batching: str, 
     return call, counts
 
 
-def endpoint_call(url: str, max_tokens: int):
+# the engine's own counters (engine_counts); the rest are each replica's (its CPU, its loop's lag, its hop)
+ENGINE_KEYS = ("steps", "tokens", "idle_s", "busy_s", "prefills", "finished", "wait_s", "latency_s", "answered",
+               "actor_s", "engine_lag_ticks", "engine_lag_s")
+
+
+def replica_urls(url: str, c) -> list[str]:
+    """Each replica's own base URL, to read every replica's /health: with ingress haproxy their own HTTP servers on
+    the ports above the endpoint's (whale_ray/serve/app.py `_haproxy_env`); otherwise the endpoint's."""
+    import httpx2
+
+    base = url.removesuffix("/v1")
+    if c.ingress != "haproxy":
+        return [base]
+    host, found = base.rpartition(":")[0], {}
+    for port in range(c.port + 1, c.port + 1 + 2 * c.replicas):
+        try:
+            found.setdefault(httpx2.get(f"{host}:{port}/health", timeout=2).json()["pid"], f"{host}:{port}")
+        except httpx2.HTTPError:
+            continue
+    if len(found) != c.replicas:
+        raise SystemExit(f"found {len(found)} of the {c.replicas} replicas on ports {c.port + 1}-{c.port + 2 * c.replicas}")
+    return list(found.values())
+
+
+def endpoint_call(url: str, max_tokens: int, fronts: list[str] | None = None, shared: bool = False):
+    """The endpoint's client call, and its counters from every replica's /health (`fronts`; summed; with a
+    shared engine its own counters once)."""
     import openai
 
     ac: list = []
@@ -193,12 +220,14 @@ def endpoint_call(url: str, max_tokens: int):
         timing = dict(x.strip().split(";dur=") for x in raw.headers["server-timing"].split(","))
         return raw.parse().usage.completion_tokens, float(timing["handler"]) / 1e3, float(timing["completion"]) / 1e3
 
-    async def counts() -> dict[str, float]:  # the replica's engine, from /health
+    async def counts() -> dict[str, float]:
         import httpx2
 
         async with httpx2.AsyncClient() as c:
-            health = (await c.get(url.removesuffix("/v1") + "/health")).json()
-        return engine_counts(health["batches"]["whale-latest"], cpu_seconds(health["pid"]), health.get("loop"))
+            healths = [(await c.get(f + "/health")).json() for f in fronts or [url.removesuffix("/v1")]]
+        each = [engine_counts(h["batches"]["whale-latest"], cpu_seconds(h["pid"]), h.get("loop")) for h in healths]
+        total = {k: sum(e[k] for e in each) for k in each[0]}
+        return {**total, **{k: each[0][k] for k in ENGINE_KEYS}} if shared else total
 
     async def close() -> None:  # in the loop that made the client (else its connections close after the loop)
         if ac:
@@ -314,6 +343,11 @@ async def side_by_side(local, remote, levels: list[int], lengths: list[int], rou
     await local(0)
     await remote(0)  # warm-up
     for key in [(c, n) for c in levels for n in lengths]:
+        # a request per client first, uncounted, on both sides: each client's first request opens its connections
+        # (in each client process, through HAProxy too) and builds the openai client's reply models (the first
+        # endpoint round of 32 clients in 16 processes ran at 0.4 of the others on the H200)
+        await closed_loop(local, key[0], 1)
+        await (procs.round(key[0], 1, remote_counts) if procs else closed_loop(remote, key[0], 1))
         runs: tuple[list, list] = ([], [])
         for _ in range(rounds):
             runs[0].append(await lagged(closed_loop(local, *key, local_counts)))
@@ -478,8 +512,8 @@ def main() -> None:
     ap.add_argument("--layouts", default="actor,replica", help="serve.engine_layout values to measure in turn")
     ap.add_argument("--ingress", default="proxy,direct", help="serve.ingress values to measure in turn")
     ap.add_argument("--replicas", type=int, default=1,
-                    help="Serve replicas, each with an engine of its own (ingress proxy only): scaling out, against "
-                         "the one engine in process")
+                    help="Serve replicas (ingress proxy or haproxy): with layout shared, front ends of one engine; "
+                         "otherwise each with an engine of its own, scaling out against the one engine in process")
     ap.add_argument("--batching", default="continuous",
                     help="policy.batching modes to measure in turn, both ways (comma-separated: continuous,pass)")
     ap.add_argument("--levels", default="1,8,32", help="concurrent clients (comma-separated)")
@@ -530,16 +564,19 @@ def main() -> None:
         for layout, ingress, mode in setups:  # a deployment each; the last one also serves the HTTP floor and the swap
             write_run_config(root, args.device, args.batch_wait_ms, mode)
             # the replica's CPUs (its engine's torch threads) and GPU: in its process or its engine actor's
-            serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, engine_layout=layout, ingress=ingress,
-                                replica_cpus=args.threads, replica_gpus=gpus / args.replicas)
+            shared = layout == "shared"  # one engine behind every replica: it holds the GPU whole
+            serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, engine_layout=layout,
+                                ingress=ingress, replica_cpus=args.threads,
+                                replica_gpus=gpus if shared else gpus / args.replicas)
             url = deploy(for_run_dir(root, args.model, serve))
+            fronts = replica_urls(url, serve)
             procs = ClientProcesses(args.client_procs, url, args.max_tokens) if args.client_procs > 1 else None
             if procs and args.client_cores:
                 print(pin_clients([p.pid for p in procs.procs], args.client_cores), flush=True)
             try:
                 results[layout, ingress, mode] = asyncio.run(side_by_side(
                     in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),
-                    endpoint_call(url, args.max_tokens), levels, lengths, args.rounds, procs))
+                    endpoint_call(url, args.max_tokens, fronts, shared), levels, lengths, args.rounds, procs))
             finally:
                 if procs:
                     procs.close()

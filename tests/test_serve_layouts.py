@@ -9,6 +9,7 @@ too when it was the default, commit 7c2791e.)"""
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import openai
@@ -128,3 +129,72 @@ def test_an_engine_actor_the_cluster_cannot_place_is_an_error_not_a_hang(ray_clu
     monkeypatch.setattr(engines, "ENGINE_START_S", 3.0)
     with pytest.raises(RuntimeError, match="not up after 3 s; it asks for 64 CPU"):
         engines.start_engines({"policy": Weights(0, str(tiny_policy))}, spec)
+
+
+def test_shared_engine_behind_haproxy_serves_every_replica_and_loads_each_version_once(ray_cluster, tiny_policy,
+                                                                                      tmp_path):
+    """serve.engine_layout shared with serve.ingress haproxy: two replicas (processes and HTTP servers of their own,
+    behind Serve's HAProxy) feed one engine actor in a third process; each checkpoint landing in the followed run is
+    loaded into it once although both replicas see it, every client's versions never go down while it lands, the
+    greedy answer after it equals the in-process engine's on those weights, and undeploy ends the engine actor."""
+    import asyncio
+
+    import httpx2
+    import ray
+
+    from tests.conftest import small_config
+    from tests.test_serve import Run, in_process
+    from whale_ray.config import ServeConfig, dump_config
+    from whale_ray.serve.app import deploy, undeploy
+    from whale_ray.serve.engines import SHARED_NAME, SHARED_NAMESPACE
+    from whale_ray.serve.spec import for_run_dir
+
+    (tmp_path / "config.yaml").write_text(dump_config(small_config(tmp_path)))
+    run = Run(tmp_path, tiny_policy)
+    serve = ServeConfig(port=free_port(), replicas=2, engine_layout="shared", ingress="haproxy", poll_s=0.2)
+    url = deploy(for_run_dir(tmp_path, tiny_policy, serve))
+    base = url.removesuffix("/v1")
+    try:
+        async def load(clients: int, per_client: int, during=None) -> list[list[int]]:
+            ac = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0)
+            seen: list[list[int]] = [[] for _ in range(clients)]
+
+            async def client(i: int) -> None:
+                for k in range(per_client):
+                    r = await ac.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=6, seed=k)
+                    seen[i].append(int(r.system_fingerprint.removeprefix("whale-v")))
+
+            async def land_midway() -> None:
+                while sum(map(len, seen)) < clients * per_client // 3:
+                    await asyncio.sleep(0.02)
+                await asyncio.get_running_loop().run_in_executor(None, during)
+            await asyncio.gather(*(client(i) for i in range(clients)), *([land_midway()] if during else []))
+            await ac.close()
+            return seen
+
+        assert {v for s in asyncio.run(load(8, 3)) for v in s} == {0}
+        healths = [httpx2.get(base + "/health", timeout=60).json() for _ in range(16)]
+        replicas = {h["pid"] for h in healths}
+        engines = {h["batches"]["whale-latest"]["pid"] for h in healths}
+        assert len(replicas) == 2 and len(engines) == 1 and not engines & replicas, (replicas, engines)
+        assert {h["batches"]["whale-latest"]["requests"] for h in healths} >= {24}  # one engine counts them all
+
+        seen = asyncio.run(load(8, 6, during=lambda: run.land(1)))
+        assert all(s == sorted(s) for s in seen) and {v for s in seen for v in s} == {0, 1}, seen
+        c = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        want = in_process(str(run.root / run.state.checkpoint), 1, QUESTION, max_tokens=10, temperature=0)
+        for _ in range(4):  # through HAProxy to either replica: the same engine, on v1
+            r = c.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=10, temperature=0)
+            assert (r.system_fingerprint, r.choices[0].message.content) == ("whale-v1", want)
+        run.land(2)
+        assert c.chat.completions.create(model="whale-latest", messages=QUESTION, max_tokens=2).system_fingerprint \
+            == "whale-v2"
+        time.sleep(3 * serve.poll_s)  # both replicas' followers look at the run directory
+        healths = [httpx2.get(base + "/health", timeout=60).json() for _ in range(16)]
+        assert {h["pid"] for h in healths} == replicas
+        assert {h["versions"]["whale-latest"] for h in healths} == {2}
+        assert {h["batches"]["whale-latest"]["loads"] for h in healths} == {2}  # once each, for both replicas
+    finally:
+        undeploy()
+    with pytest.raises(ValueError):
+        ray.get_actor(SHARED_NAME, namespace=SHARED_NAMESPACE)

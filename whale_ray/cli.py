@@ -180,11 +180,12 @@ def add_serve_parser(sub: Any) -> None:
                                                                 "serve.max_concurrent"))
     serve.add_argument("--api-key-env", help="NAME of the environment variable holding the key clients must send")
     serve.add_argument("--engine-layout", choices=choices("serve.engine_layout"),
-                       help=helps("where each replica's engine runs: an actor of its own, or the replica's process",
-                                  "serve.engine_layout"))
+                       help=helps("where each replica's engine runs: an actor of its own, the replica's process, "
+                                  "or one actor shared by all the replicas", "serve.engine_layout"))
     serve.add_argument("--ingress", choices=choices("serve.ingress"),
-                       help=helps("how requests reach the replica: Serve's proxy, or the replica's own HTTP server "
-                                  "(one replica)", "serve.ingress"))
+                       help=helps("how requests reach the replicas: Serve's proxy, the replica's own HTTP server "
+                                  "(one replica), or Serve's HAProxy in front of the replicas' own servers",
+                                  "serve.ingress"))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

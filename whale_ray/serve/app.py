@@ -6,8 +6,9 @@ Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (both st
 object with its status (400 bad input, 401 no or wrong key, 404 unknown model, 413 prompt over the context,
 429 replica full, with Retry-After; 500 only for a fault of ours, without a traceback).
 
-Requests reach the replica through Serve's proxy (serve.ingress proxy) or straight from the client to the
-replica's own HTTP server (direct: Serve's direct ingress, one replica on the port; `_direct_env`).
+Requests reach the replica through Serve's proxy (serve.ingress proxy), straight from the client to the
+replica's own HTTP server (direct: Serve's direct ingress, one replica on the port; `_direct_env`), or through
+Serve's HAProxy to the replicas' own HTTP servers (haproxy: any number of replicas; `_haproxy_env`).
 """
 
 
@@ -30,9 +31,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from whale_ray.config import ServeConfig
 from whale_ray.serve import openai_api as api
 from whale_ray.serve.agent import AgentRequest, start_agent_services
+from whale_ray.serve.engines import start_shared, stop_shared
 from whale_ray.serve.lag import LoopLag
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
-from whale_ray.serve.replica import Replica
+from whale_ray.serve.replica import Replica, follower_of, start_weights
 from whale_ray.serve.spec import EndpointSpec
 
 log = logging.getLogger(__name__)
@@ -175,6 +177,22 @@ def _direct_env(c: ServeConfig) -> dict[str, str]:
             "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
 
 
+def _haproxy_env(c: ServeConfig) -> dict[str, str]:
+    """Serve's HAProxy mode (serve.ingress haproxy), set in its controller and the replicas: HAProxy on `port` in
+    front of the replicas' own HTTP servers, on ports above it (room for twice the replicas: a dead replica's port
+    is quarantined while HAProxy forgets it); Serve's fallback proxy and HAProxy's stats and metrics on free
+    ports (their fixed defaults would clash with a second endpoint on the machine); and a replica being stopped
+    drains for 2 s instead of 30 (HAProxy hears of its leaving within ~0.1 s and a reload, and stops sending it
+    requests; the 30 s made every undeploy take half a minute)."""
+    n = c.max_replicas or c.replicas
+    return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(c.port + 1),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(c.port + 1 + 2 * n),
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port(c.host)),
+            "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port(c.host)),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port(c.host)),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on now, on `host`."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
@@ -182,7 +200,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _wait_direct(url: str) -> None:
+def _wait_http(url: str, ingress: str) -> None:
     import httpx2
 
     deadline = time.monotonic() + DIRECT_UP_S
@@ -192,8 +210,8 @@ def _wait_direct(url: str) -> None:
             return
         except httpx2.HTTPError as e:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"serve.ingress direct: the replica's HTTP server at {url} did not answer within "
-                                   f"{DIRECT_UP_S:.0f} s ({e}); its log is under the Ray session's logs/serve") from None
+                raise RuntimeError(f"serve.ingress {ingress}: nothing answered at {url} within {DIRECT_UP_S:.0f} s "
+                                   f"({e}); the logs are under the Ray session's logs/serve") from None
             time.sleep(0.2)
 
 
@@ -219,13 +237,14 @@ def deploy(spec: EndpointSpec) -> str:
         raise RuntimeError(f"serve.ingress {c.ingress}: Serve is already running on this cluster with ingress "
                            f"{_started_serve or 'proxy (started by another driver)'}; stop it first "
                            "(`serve shutdown`) or use that ingress")
-    env = _direct_env(c) if c.ingress == "direct" else {}
+    env = _direct_env(c) if c.ingress == "direct" else _haproxy_env(c) if c.ingress == "haproxy" else {}
     replica_env = {**env, "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": str(int(c.user_code_thread))}
     # Serve's access log: a line per request in the proxy and again in the replica, written by the Python that
     # also serves the requests (serve.access_log)
     logs = LoggingConfig(enable_access_log=c.access_log)
     # direct: Serve still starts a fallback proxy on the head node; it gets a free port, the replica has c.port
-    serve.start(http_options={"host": c.host, "port": free_port(c.host) if env else c.port}, logging_config=logs,
+    serve.start(http_options={"host": c.host, "port": free_port(c.host) if c.ingress == "direct" else c.port},
+                logging_config=logs,
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
     # Serve's own cap sits above ours, so excess requests reach the replica and get a 429, not a queue
     # layout actor: the replica's CPUs and GPUs are its engine actor's (whale_ray/serve/engines.py)
@@ -241,10 +260,12 @@ def deploy(spec: EndpointSpec) -> str:
     else:
         opts["num_replicas"] = c.replicas
     services = start_agent_services(spec.config, spec.run_dir) if spec.config is not None else {}
+    if c.engine_layout == "shared":  # before the replicas, which look it up by name
+        start_shared(start_weights(spec, follower_of(spec)), spec)
     serve.run(WhaleEndpoint.options(**opts).bind(spec, services), name=APP_NAME, route_prefix="/")
     host = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host
-    if c.ingress == "direct":
-        _wait_direct(f"http://{host}:{c.port}")
+    if c.ingress != "proxy":  # serve.run waits for the replicas, not for their own HTTP servers (or HAProxy)
+        _wait_http(f"http://{host}:{c.port}", c.ingress)
     return f"http://{host}:{c.port}/v1"
 
 
@@ -253,6 +274,7 @@ def undeploy() -> None:
     other applications keep their Serve."""
     global _started_serve
     serve.delete(APP_NAME)
+    stop_shared()  # the shared layout's engine actor, if any
     if _started_serve is not None:
         serve.shutdown()
         _started_serve = None

@@ -16,12 +16,20 @@ renders, counts and bounds prompts itself), `version`, `complete` (streaming thr
   per batch of arrivals, one per batch of events: whale_ray/serve/channel.py). Each replica keeps its own engines,
   so a weight swap is what it was: the replica loads each version into them, and the requests in flight
   finish on the weights they started with.
+- layout "shared": one `EngineActor` for every replica of the endpoint, started by `deploy` before the replicas
+  (`start_shared`: named and detached, the endpoint's rather than any replica's; `undeploy` ends it). Each replica
+  reaches it over a socket of its own; each asks it to load every version it sees on record, and the actor loads a
+  version once (`EngineActor.load` never goes back), so the replicas' requests share one batch and one copy of the
+  weights. Why: several front-end processes (their own event loops and HTTP servers, behind Serve's HAProxy) feed
+  one engine, as vLLM's `--api-server-count` does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import os
+import time
 
 import ray
 import torch
@@ -36,6 +44,7 @@ from whale_ray.serve.lag import LoopLag
 from whale_ray.serve.spec import EndpointSpec
 
 ENGINE_START_S = 600.0  # the engine actor's start: placed, the model loaded (vLLM on a GPU: under a minute)
+SHARED_NAME, SHARED_NAMESPACE = "whale-engine", "whale-serve"  # the shared layout's engine actor
 
 
 def _service(weights: Weights, spec: EndpointSpec) -> PolicyService:
@@ -88,9 +97,13 @@ class EngineActor:
         self.services = {name: _service(w, spec) for name, w in start.items()}
         self._link = Link(self.services)
         self._lag = LoopLag()  # how late this loop (beside the engine's thread, under one GIL) runs what is ready
+        self._loading = collections.defaultdict(asyncio.Lock)  # by model: one load at a time
+        self._loads = collections.Counter()  # by model: the versions loaded
 
-    def max_context(self, name: str) -> int:
-        return self.services[name].engine.max_context
+    def describe(self, name: str) -> tuple[int, int]:
+        """The model's context and the weight version it serves now."""
+        service = self.services[name]
+        return service.engine.max_context, service.version()
 
     async def link(self, node_id: str) -> tuple:
         """Where the replica on node `node_id` connects, and with which key (whale_ray/serve/channel.py)."""
@@ -98,11 +111,18 @@ class EngineActor:
         return await self._link.address(node_id == ray.get_runtime_context().get_node_id())
 
     async def load(self, name: str, weights: Weights) -> int:
-        return await _load(self.services[name], weights)
+        """Loads `weights` unless the model serves them or newer ones already (a shared engine hears of each version
+        from every replica, in any order); returns the version it serves."""
+        service = self.services[name]
+        async with self._loading[name]:
+            if weights.version > service.version():
+                await _load(service, weights)
+                self._loads[name] += 1
+        return service.version()
 
     def stats(self, name: str) -> dict[str, float]:
         # the engine's process (GET /health shows it), and the hop's batching (all models together)
-        return {**self.services[name].stats(), "pid": os.getpid(), "submits": self._link.submits,
+        return {**self.services[name].stats(), "pid": os.getpid(), "loads": self._loads[name], "submits": self._link.submits,
                 "in_flight": len(self._link.tasks), **self._link.timing, **self._lag.stats()}
 
 
@@ -112,12 +132,14 @@ class ActorEngine:
     def __init__(self, actor: "ray.actor.ActorHandle", channel: Channel, name: str, weights: Weights):
         self.actor, self.channel, self.name = actor, channel, name
         self.tokenizer = load_tokenizer(weights.path)
-        self.max_context: int = ray.get(actor.max_context.remote(name))
-        self.version = weights.version  # this replica alone loads weights into its actor
+        # the version it serves: what this replica loaded, or (shared) what any replica's requests were answered on
+        self.max_context, self.version = ray.get(actor.describe.remote(name))
 
     async def complete(self, request: GenerationRequest) -> GenerationOutput:
         check_request(request)  # refused here, without a round trip
-        return await self.channel.complete(self.name, request)
+        out = await self.channel.complete(self.name, request)
+        self.version = max(self.version, out.weight_version)
+        return out
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
         request = GenerationRequest(messages, sampling)
@@ -131,24 +153,58 @@ class ActorEngine:
         return {**await self.actor.stats.remote(self.name), **self.channel.timing}
 
 
-def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, LocalEngine | ActorEngine]:
-    """Each model's engine, on the weights `start` names for it, in the layout the spec asks for."""
-    if spec.serve.engine_layout == "replica":
-        _threads(spec)
-        return {name: LocalEngine(w, spec) for name, w in start.items()}
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+def _up(actor: "ray.actor.ActorHandle", spec: EndpointSpec, whose: str) -> None:
     c = spec.serve
-    # on the replica's node: the hop stays local, and the checkpoints the replica reads are there too
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-    actor = EngineActor.options(num_cpus=c.replica_cpus, num_gpus=c.replica_gpus,
-                                scheduling_strategy=here).remote(start, spec)
     try:  # an actor the cluster has no room for stays pending: the replica would wait on it for ever
         ray.get(actor.__ray_ready__.remote(), timeout=ENGINE_START_S)
     except ray.exceptions.GetTimeoutError:
         ray.kill(actor)
-        raise RuntimeError(f"serve.engine_layout actor: the replica's engine actor was not up after {ENGINE_START_S:.0f} s; "
-                           f"it asks for {c.replica_cpus:g} CPU and {c.replica_gpus:g} GPU (serve.replica_cpus, "
-                           "replica_gpus): is there room for it on the cluster?") from None
+        raise RuntimeError(f"serve.engine_layout {c.engine_layout}: {whose} engine actor was not up after "
+                           f"{ENGINE_START_S:.0f} s; it asks for {c.replica_cpus:g} CPU and {c.replica_gpus:g} GPU "
+                           "(serve.replica_cpus, replica_gpus): is there room for it on the cluster?") from None
+
+
+def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, LocalEngine | ActorEngine]:
+    """Each model's engine, on the weights `start` names for it, in the layout the spec asks for (shared: the
+    endpoint's engine actor, on whatever weights it serves now)."""
+    c = spec.serve
+    if c.engine_layout == "replica":
+        _threads(spec)
+        return {name: LocalEngine(w, spec) for name, w in start.items()}
+    if c.engine_layout == "shared":
+        actor = ray.get_actor(SHARED_NAME, namespace=SHARED_NAMESPACE)
+    else:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        # on the replica's node: the hop stays local, and the checkpoints the replica reads are there too
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        actor = EngineActor.options(num_cpus=c.replica_cpus, num_gpus=c.replica_gpus,
+                                    scheduling_strategy=here).remote(start, spec)
+        _up(actor, spec, "the replica's")
     channel = Channel(actor)
     return {name: ActorEngine(actor, channel, name, w) for name, w in start.items()}
+
+
+def start_shared(start: dict[str, Weights], spec: EndpointSpec) -> None:
+    """The shared layout's engine actor, on the weights `start` names, before any replica looks for it; one left by
+    an earlier endpoint (its driver killed before `undeploy`) is ended first."""
+    stop_shared()
+    c = spec.serve
+    actor = EngineActor.options(name=SHARED_NAME, namespace=SHARED_NAMESPACE, lifetime="detached",
+                                num_cpus=c.replica_cpus, num_gpus=c.replica_gpus).remote(start, spec)
+    _up(actor, spec, "the endpoint's shared")
+
+
+def stop_shared(timeout_s: float = 30.0) -> None:
+    """Ends the shared engine actor, if there is one, and waits until its name is free."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            actor = ray.get_actor(SHARED_NAME, namespace=SHARED_NAMESPACE)
+        except ValueError:
+            return
+        ray.kill(actor, no_restart=True)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the shared engine actor {SHARED_NAMESPACE}/{SHARED_NAME} was still alive "
+                               f"{timeout_s:.0f} s after it was killed")
+        time.sleep(0.1)

@@ -44,7 +44,7 @@ class ServedModel:
         return self.engine.version
 
     async def ensure(self, weights: Weights) -> None:
-        if weights.version != self.version:
+        if weights.version > self.version:  # versions only go up (shared layout: another replica may be ahead)
             await self.engine.load(weights)
             log.info("%s: weights v%d loaded from %s", self.name, weights.version, weights.path)
 
@@ -53,24 +53,36 @@ def _wanted(follow: str | None, view: RunView) -> Weights:
     return view.best if follow == "best" else view.latest
 
 
+def start_weights(spec: EndpointSpec, follower: RunFollower | None) -> dict[str, Weights]:
+    """Each model's weights on record now (its fixed checkpoint when not following)."""
+    out = {}
+    for source in spec.models:
+        if follower is None or source.follow is None:
+            assert source.path is not None, f"model {source.name}: neither followed nor given a path"
+            out[source.name] = Weights(0, source.path)
+        else:
+            out[source.name] = _wanted(source.follow, follower.view)
+    return out
+
+
+def follower_of(spec: EndpointSpec) -> RunFollower | None:
+    if not spec.run_dir:
+        return None
+    follower = RunFollower(spec.run_dir, spec.base_model)
+    follower.poll()  # each engine starts on the weights on record now
+    return follower
+
+
 class Replica:
     def __init__(self, spec: EndpointSpec, services: dict[str, Any] | None = None):
         """`services`: the domain's shared services for the agent (`agent.start_agent_services`)."""
         self.spec = spec
-        self.follower = RunFollower(spec.run_dir, spec.base_model) if spec.run_dir else None
-        if self.follower is not None:
-            self.follower.poll()  # each engine starts on the weights on record now
-        engines = start_engines({s.name: self._start_weights(s) for s in spec.models}, spec)
+        self.follower = follower_of(spec)
+        engines = start_engines(start_weights(spec, self.follower), spec)
         self.models = {s.name: ServedModel(s, engines[s.name]) for s in spec.models}
         self.agent = AgentRunner(spec.domain, spec.sandbox, services)
         self.in_flight = 0
         self._sync_lock = asyncio.Lock()
-
-    def _start_weights(self, source: ModelSource) -> Weights:
-        if self.follower is None or source.follow is None:
-            assert source.path is not None, f"model {source.name}: neither followed nor given a path"
-            return Weights(0, source.path)
-        return _wanted(source.follow, self.follower.view)
 
     # ------------------------------------------------------------------------------------ following
     async def sync(self) -> None:
