@@ -77,7 +77,7 @@ def _long(tiny_policy: str) -> list[tuple[GenerationRequest, int]]:
 
 
 def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_cluster, tiny_policy, engine_actor):
-    from whale_ray.serve.channel import Channel
+    from whale_ray.serve.channel import Channel, EngineLost
 
     long = _long(tiny_policy)
 
@@ -114,7 +114,7 @@ def test_a_cancelled_request_leaves_the_engine_and_errors_name_their_cause(ray_c
 
     ok, errors = asyncio.run(go())
     assert ok.completion_ids
-    assert all(isinstance(e, RuntimeError) and "engine actor" in str(e) for e in errors), errors
+    assert all(isinstance(e, EngineLost) and "engine actor" in str(e) for e in errors), errors
 
 
 def test_the_link_unpickles_nothing_before_the_key_and_cancels_what_a_closed_connection_left(ray_cluster, tiny_policy,
@@ -122,7 +122,7 @@ def test_the_link_unpickles_nothing_before_the_key_and_cancels_what_a_closed_con
     import pickle
     import struct
 
-    from whale_ray.serve.channel import SUBMIT, Channel
+    from whale_ray.serve.channel import SUBMIT, Channel, EngineLost
 
     class Touch:  # unpickling this runs os.system
         def __reduce__(self):
@@ -165,6 +165,6 @@ def test_the_link_unpickles_nothing_before_the_key_and_cancels_what_a_closed_con
 
     errors, stats, ok = asyncio.run(go())
     assert not (tmp_path / "ran").exists()
-    assert all(isinstance(e, RuntimeError) and "engine actor" in str(e) for e in errors), errors
+    assert all(isinstance(e, EngineLost) and "engine actor" in str(e) for e in errors), errors
     assert stats["tokens"] < sum(n for _, n in long), stats  # their rows left the engine before their ends
     assert ok.completion_ids

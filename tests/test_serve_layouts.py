@@ -198,3 +198,71 @@ def test_shared_engine_behind_haproxy_serves_every_replica_and_loads_each_versio
         undeploy()
     with pytest.raises(ValueError):
         ray.get_actor(SHARED_NAME, namespace=SHARED_NAMESPACE)
+
+
+@pytest.mark.parametrize("layout", ["actor", "shared"])
+def test_an_engine_actor_killed_under_load_comes_back_on_the_runs_latest_weights(ray_cluster, tiny_policy, tmp_path,
+                                                                               layout):
+    """The engine actor's process SIGKILLed while 8 clients send requests: each request is answered or gets a 503 with
+    Retry-After (nothing else: no 500, no hang), Ray restarts the actor in a new process under the same replica, on
+    the run's latest weights (v1, not the v0 it was first started on), every client's versions never go down, and
+    the next checkpoint landing reaches the restarted engine."""
+    import asyncio
+    import os
+    import signal
+
+    import httpx2
+
+    from tests.conftest import small_config
+    from tests.test_serve import Run
+    from whale_ray.config import ServeConfig, dump_config
+    from whale_ray.serve.app import deploy, undeploy
+    from whale_ray.serve.spec import for_run_dir
+
+    (tmp_path / "config.yaml").write_text(dump_config(small_config(tmp_path)))
+    run = Run(tmp_path, tiny_policy)
+    url = deploy(for_run_dir(tmp_path, tiny_policy, ServeConfig(port=free_port(), engine_layout=layout, poll_s=0.2)))
+    base = url.removesuffix("/v1")
+    c = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+    ask = dict(model="whale-latest", messages=QUESTION, max_tokens=6)
+    try:
+        run.land(1)
+        assert c.chat.completions.create(**ask).system_fingerprint == "whale-v1"
+        before = httpx2.get(base + "/health", timeout=60).json()
+        engine = before["batches"]["whale-latest"]["pid"]
+        assert engine != before["pid"] and before["batches"]["whale-latest"]["restarted"] is False
+
+        async def load(clients: int = 8, per_client: int = 12) -> tuple[list[list[int]], list[tuple]]:
+            ac = openai.AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+            seen: list[list[int]] = [[] for _ in range(clients)]
+            refused: list[tuple] = []
+
+            async def client(i: int) -> None:
+                for k in range(per_client):
+                    try:
+                        r = await ac.chat.completions.create(**ask, seed=k)
+                        seen[i].append(int(r.system_fingerprint.removeprefix("whale-v")))
+                    except openai.APIStatusError as e:
+                        refused.append((e.status_code, e.response.headers.get("retry-after"), e.body))
+
+            async def kill_midway() -> None:
+                while sum(map(len, seen)) < clients * per_client // 3:
+                    await asyncio.sleep(0.01)
+                os.kill(engine, signal.SIGKILL)
+            await asyncio.gather(*(client(i) for i in range(clients)), kill_midway())
+            await ac.close()
+            return seen, refused
+
+        seen, refused = asyncio.run(load())
+        assert all(status == 503 and after == "1" and body["code"] == "engine_restarting"
+                   for status, after, body in refused), refused
+        assert {v for s in seen for v in s} == {1} and sum(map(len, seen)) + len(refused) == 96
+        assert sum(map(len, seen)) > 96 // 3  # requests after the kill were answered, by the restarted engine
+        after = httpx2.get(base + "/health", timeout=60).json()
+        assert after["pid"] == before["pid"] and after["status"] == "ok"
+        assert after["batches"]["whale-latest"]["pid"] not in (engine, after["pid"])
+        assert after["batches"]["whale-latest"]["restarted"] is True
+        run.land(2)
+        assert c.chat.completions.create(**ask).system_fingerprint == "whale-v2"
+    finally:
+        undeploy()

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Optional
 
+import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
@@ -32,9 +33,10 @@ from whale_ray.config import ServeConfig
 from whale_ray.serve import openai_api as api
 from whale_ray.serve.agent import AgentRequest, start_agent_services
 from whale_ray.serve.engines import start_shared, stop_shared
+from whale_ray.serve.follow import follower_of, start_weights
 from whale_ray.serve.lag import LoopLag
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
-from whale_ray.serve.replica import Replica, follower_of, start_weights
+from whale_ray.serve.replica import Replica
 from whale_ray.serve.spec import EndpointSpec
 
 log = logging.getLogger(__name__)
@@ -92,17 +94,24 @@ class WhaleEndpoint:
         self._start()
         await self.replica.sync()
 
-    async def check_health(self) -> None:  # Serve calls it every few seconds
+    async def check_health(self) -> None:  # Serve calls it every few seconds; an error has it replace the replica
         self._start()
+        for m in self.replica.models.values():
+            m.engine.check()
 
     @app.get("/health")
     async def health(self) -> dict[str, Any]:
         # pid: this replica's process; each model's engine names its own (serve.engine_layout)
         # thread: the one that runs the handlers (serve.user_code_thread)
-        return {"status": "ok", "pid": os.getpid(), "thread": threading.current_thread().name,
-                "versions": self.replica.versions(),
-                "in_flight": self.replica.in_flight, "loop": self._lag.stats(),
-                "batches": {name: await m.engine.stats() for name, m in self.replica.models.items()}}
+        batches: dict[str, Any] = {}
+        for name, m in self.replica.models.items():
+            try:
+                batches[name] = await m.engine.stats()
+            except ray.exceptions.RayActorError as e:  # its engine actor is restarting (or gone: check_health)
+                batches[name] = {"error": str(e).splitlines()[0]}
+        return {"status": "degraded" if any("error" in b for b in batches.values()) else "ok", "pid": os.getpid(),
+                "thread": threading.current_thread().name, "versions": self.replica.versions(),
+                "in_flight": self.replica.in_flight, "loop": self._lag.stats(), "batches": batches}
 
     @app.get("/v1/models")
     async def models(self, request: Request) -> JSONResponse:

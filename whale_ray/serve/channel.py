@@ -15,8 +15,9 @@ DONE (the engine's thread calls `on_token` before it resolves the request's futu
 actor's loop after that), and one reader takes them in order, so a stream sees every token before its end.
 
 The connection's first bytes are the key, checked before anything is unpickled: on TCP, anything on the network
-can connect. A closed connection fails the replica's requests in flight (the next request connects afresh) and
-cancels them in the engine (nobody waits for them any more).
+can connect. A closed connection fails the replica's requests in flight with `EngineLost` (the next request connects
+afresh) and cancels them in the engine (nobody waits for them any more). An engine actor that died is restarted by
+Ray (whale_ray/serve/engines.py); the next connection waits for it, asking it where to connect until it is up.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ SUBMIT, CANCEL = 0, 1
 KEY_BYTES = 32
 MAX_FRAME = 1 << 30  # bytes; a longer length prefix is a broken peer, not a batch
 _LENGTH = struct.Struct(">I")
+RESTART_S = 600.0  # how long a connection waits for an engine actor that Ray is restarting (vLLM: under a minute)
+
+
+class EngineLost(ConnectionError):
+    """The link to the engine actor broke with the request in flight (the actor died; Ray restarts it)."""
 
 
 def portable(error: BaseException) -> Exception:
@@ -211,6 +217,7 @@ class Channel:
         self.reader: Optional[asyncio.Task] = None  # connects, then reads; None: the next request connects afresh
         self.writer: Optional[asyncio.StreamWriter] = None  # None until connected
         self.flushing = False
+        self.dead: Optional[str] = None  # why the actor is gone for good (Ray will not restart it), once it is
         # the requests answered, and their seconds from reaching this channel to their answer read off the socket
         self.timing = {"round_trips": 0, "round_trip_s": 0.0}
 
@@ -252,7 +259,18 @@ class Channel:
         import ray
 
         here = self.node_id or ray.get_runtime_context().get_node_id()
-        kind, *where, key = await self.actor.link.remote(here)
+        deadline = time.monotonic() + RESTART_S
+        while True:
+            try:
+                kind, *where, key = await self.actor.link.remote(here)
+                break
+            except ray.exceptions.ActorUnavailableError:  # restarting: asked again once it may be up
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+            except ray.exceptions.ActorDiedError as e:
+                self.dead = str(e).splitlines()[0]
+                raise
         if kind == "unix":
             reader, writer = await asyncio.open_unix_connection(*where)
         else:
@@ -286,11 +304,11 @@ class Channel:
             cause = getattr(e, "cause", None)  # a RayTaskError (the link call): the actor's own error
             if isinstance(e, asyncio.IncompleteReadError):
                 e = ConnectionError("the link closed")
-            log.error("the replica's engine actor failed: %s", e)
+            log.error("the link to the engine actor broke: %s", e)
             if self.writer is not None:
                 self.writer.close()
             self.reader, self.writer, self.outgoing, self.cancelled = None, None, {}, []
-            error = cause if isinstance(cause, Exception) else RuntimeError(f"the replica's engine actor failed: {e}")
+            error = cause if isinstance(cause, Exception) else EngineLost(f"the engine actor failed: {e}")
             for rid in list(self.waiting):
                 w = self.waiting.pop(rid)
                 if not w.future.done():

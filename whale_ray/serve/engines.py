@@ -22,12 +22,19 @@ renders, counts and bounds prompts itself), `version`, `complete` (streaming thr
   version once (`EngineActor.load` never goes back), so the replicas' requests share one batch and one copy of the
   weights. Why: several front-end processes (their own event loops and HTTP servers, behind Serve's HAProxy) feed
   one engine, as vLLM's `--api-server-count` does.
+
+An engine actor that dies (its process killed, its node lost) is restarted by Ray (`RESTARTS`), on the weights the
+run directory has on record then (a replica never answers on weights older than those); the requests in flight
+fail with a 503 and Retry-After (whale_ray/serve/channel.py's `EngineLost`), the ones that arrive meanwhile wait for
+it. One that is gone for good (its restarts used up) fails the replica's health check, so Serve replaces the replica
+(and, in layout "actor", its engine actor with it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import os
 import time
 
@@ -39,12 +46,14 @@ from whale_ray.policy.serving import PolicyService, to_call
 from whale_ray.policy.tiny import load_tokenizer
 from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve.channel import Channel, Link
-from whale_ray.serve.follow import Weights, load_state_dict
+from whale_ray.serve.follow import Weights, follower_of, load_state_dict, start_weights
 from whale_ray.serve.lag import LoopLag
 from whale_ray.serve.spec import EndpointSpec
 
+log = logging.getLogger(__name__)
 ENGINE_START_S = 600.0  # the engine actor's start: placed, the model loaded (vLLM on a GPU: under a minute)
 SHARED_NAME, SHARED_NAMESPACE = "whale-engine", "whale-serve"  # the shared layout's engine actor
+RESTARTS = -1  # Ray restarts a dead engine actor however often it dies (each restart is logged)
 
 
 def _service(weights: Weights, spec: EndpointSpec) -> PolicyService:
@@ -86,6 +95,9 @@ class LocalEngine:
     async def stats(self) -> dict[str, float]:
         return {**self.service.stats(), "pid": os.getpid()}
 
+    def check(self) -> None:  # in the replica's process: it lives as long as the replica
+        pass
+
 
 @ray.remote
 class EngineActor:
@@ -94,6 +106,10 @@ class EngineActor:
 
     def __init__(self, start: dict[str, Weights], spec: EndpointSpec):
         _threads(spec)
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if self.restarted:  # not on `start`: the run may have moved on since
+            start = start_weights(spec, follower_of(spec))
+            log.warning("the engine actor restarted, on %s", ", ".join(f"{n} v{w.version}" for n, w in start.items()))
         self.services = {name: _service(w, spec) for name, w in start.items()}
         self._link = Link(self.services)
         self._lag = LoopLag()  # how late this loop (beside the engine's thread, under one GIL) runs what is ready
@@ -122,7 +138,8 @@ class EngineActor:
 
     def stats(self, name: str) -> dict[str, float]:
         # the engine's process (GET /health shows it), and the hop's batching (all models together)
-        return {**self.services[name].stats(), "pid": os.getpid(), "loads": self._loads[name], "submits": self._link.submits,
+        return {**self.services[name].stats(), "pid": os.getpid(), "restarted": self.restarted,
+                "loads": self._loads[name], "submits": self._link.submits,
                 "in_flight": len(self._link.tasks), **self._link.timing, **self._lag.stats()}
 
 
@@ -147,6 +164,11 @@ class ActorEngine:
 
     async def load(self, weights: Weights) -> None:
         self.version = await self.actor.load.remote(self.name, weights)
+
+    def check(self) -> None:
+        """Raises once the engine actor is gone for good (Serve then replaces this replica)."""
+        if self.channel.dead is not None:
+            raise RuntimeError(f"model {self.name}: the engine actor is gone for good ({self.channel.dead})")
 
     async def stats(self) -> dict[str, float]:
         # the channel's round trips (all the replica's models together) beside the actor's seconds within them
@@ -178,7 +200,7 @@ def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, Lo
 
         # on the replica's node: the hop stays local, and the checkpoints the replica reads are there too
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        actor = EngineActor.options(num_cpus=c.replica_cpus, num_gpus=c.replica_gpus,
+        actor = EngineActor.options(num_cpus=c.replica_cpus, num_gpus=c.replica_gpus, max_restarts=RESTARTS,
                                     scheduling_strategy=here).remote(start, spec)
         _up(actor, spec, "the replica's")
     channel = Channel(actor)
@@ -191,7 +213,8 @@ def start_shared(start: dict[str, Weights], spec: EndpointSpec) -> None:
     stop_shared()
     c = spec.serve
     actor = EngineActor.options(name=SHARED_NAME, namespace=SHARED_NAMESPACE, lifetime="detached",
-                                num_cpus=c.replica_cpus, num_gpus=c.replica_gpus).remote(start, spec)
+                                max_restarts=RESTARTS, num_cpus=c.replica_cpus,
+                                num_gpus=c.replica_gpus).remote(start, spec)
     _up(actor, spec, "the endpoint's shared")
 
 

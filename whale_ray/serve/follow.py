@@ -11,11 +11,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from whale_ray.archive import Archive, ArchiveError
 from whale_ray.run_state import RunState
+
+if TYPE_CHECKING:
+    from whale_ray.serve.spec import EndpointSpec
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,31 @@ class RunFollower:
             if harness_id != "h0":
                 raise
             return fallback.read_text()
+
+
+def wanted(follow: str | None, view: RunView) -> Weights:
+    """The weights a model follows (its `follow`: "best" or "latest")."""
+    return view.best if follow == "best" else view.latest
+
+
+def start_weights(spec: EndpointSpec, follower: RunFollower | None) -> dict[str, Weights]:
+    """Each model's weights on record now (its fixed checkpoint when not following)."""
+    out = {}
+    for source in spec.models:
+        if follower is None or source.follow is None:
+            assert source.path is not None, f"model {source.name}: neither followed nor given a path"
+            out[source.name] = Weights(0, source.path)
+        else:
+            out[source.name] = wanted(source.follow, follower.view)
+    return out
+
+
+def follower_of(spec: EndpointSpec) -> RunFollower | None:
+    if not spec.run_dir:
+        return None
+    follower = RunFollower(spec.run_dir, spec.base_model)
+    follower.poll()  # each engine starts on the weights on record now
+    return follower
 
 
 def load_state_dict(checkpoint: str | Path) -> dict[str, torch.Tensor]:

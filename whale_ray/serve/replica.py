@@ -23,8 +23,9 @@ from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve import openai_api as api
 from whale_ray.serve import tools
 from whale_ray.serve.agent import AgentRequest, AgentRunner
+from whale_ray.serve.channel import EngineLost
 from whale_ray.serve.engines import ActorEngine, LocalEngine, start_engines
-from whale_ray.serve.follow import RunFollower, RunView, Weights
+from whale_ray.serve.follow import Weights, follower_of, start_weights, wanted
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
 from whale_ray.serve.spec import EndpointSpec, ModelSource
 
@@ -47,30 +48,6 @@ class ServedModel:
         if weights.version > self.version:  # versions only go up (shared layout: another replica may be ahead)
             await self.engine.load(weights)
             log.info("%s: weights v%d loaded from %s", self.name, weights.version, weights.path)
-
-
-def _wanted(follow: str | None, view: RunView) -> Weights:
-    return view.best if follow == "best" else view.latest
-
-
-def start_weights(spec: EndpointSpec, follower: RunFollower | None) -> dict[str, Weights]:
-    """Each model's weights on record now (its fixed checkpoint when not following)."""
-    out = {}
-    for source in spec.models:
-        if follower is None or source.follow is None:
-            assert source.path is not None, f"model {source.name}: neither followed nor given a path"
-            out[source.name] = Weights(0, source.path)
-        else:
-            out[source.name] = _wanted(source.follow, follower.view)
-    return out
-
-
-def follower_of(spec: EndpointSpec) -> RunFollower | None:
-    if not spec.run_dir:
-        return None
-    follower = RunFollower(spec.run_dir, spec.base_model)
-    follower.poll()  # each engine starts on the weights on record now
-    return follower
 
 
 class Replica:
@@ -96,7 +73,7 @@ class Replica:
                 return
             try:
                 for m in self.models.values():
-                    await m.ensure(_wanted(m.follow, view))
+                    await m.ensure(wanted(m.follow, view))
             except Exception as e:  # noqa: BLE001
                 log.warning("could not load the run's weights yet (%s); retrying", e)
                 self.follower.forget()
@@ -165,8 +142,8 @@ class Replica:
     async def _run(m: ServedModel, reqs: list[GenerationRequest]) -> list[GenerationOutput]:
         try:
             return list(await asyncio.gather(*(m.engine.complete(r) for r in reqs)))
-        except ValueError as e:  # check_request's one line
-            raise ApiError(400, str(e)) from None
+        except (ValueError, EngineLost) as e:
+            raise _api_error(e) from None
 
     async def chat(self, req: ChatRequest) -> tuple[dict[str, Any], int]:
         m, reqs, prompt_tokens = self.chat_requests(req)
@@ -207,7 +184,7 @@ class Replica:
             for t in tasks:
                 t.cancel()
             err = first[2].exception()
-            raise ApiError(400, str(err)) if isinstance(err, ValueError) else err
+            raise _api_error(err) if isinstance(err, (ValueError, EngineLost)) else err
         version = first[3] if first[0] == "token" else first[2].result().weight_version
         return version, self._chunks(chat, req, m, reqs, prompt_tokens, version, events, first)
 
@@ -275,6 +252,16 @@ class Replica:
 
         reply = await self.agent.run(source, harness_id, req, generate)
         return reply, max(reply["weight_versions"], default=m.version)
+
+
+def _api_error(e: ValueError | EngineLost) -> ApiError:
+    """A request the engine refused (check_request's one line: 400), or one in flight when its engine actor died
+    (503: Ray restarts the actor, and a retry waits for it)."""
+    if isinstance(e, ValueError):
+        return ApiError(400, str(e))
+    return ApiError(503, f"{e}; the request was in flight and is lost, the engine restarts: retry after "
+                         f"{RETRY_AFTER_S} s", type="server_error", code="engine_restarting",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _safe_prefix(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> str | None:
