@@ -1,9 +1,12 @@
 """VLLMEngine against TransformersEngine on one GPU (skipped without CUDA and vllm).
 
-The policy is WHALE_GPU_POLICY if set (a checkpoint directory), else the session's small embedded policy.
-vLLM runs in bf16 (its production dtype); the reference is TransformersEngine in float32 on the same
-checkpoint. Greedy tokens must agree except where the reference's own top-2 logits are within bf16 noise
-(a near-tie, judged from the float32 logits), which is checked rather than assumed.
+The policy is WHALE_GPU_POLICY if set (a checkpoint directory: a real model such as an imported SmolLM2), else
+the session's small embedded policy. vLLM runs in bf16 (its production dtype); the reference is TransformersEngine
+in float32 on the same checkpoint. How far bf16 arithmetic alone moves this checkpoint's outputs is measured here,
+with TransformersEngine in bf16 against the same reference, and vLLM is held to that: greedy tokens may part from
+the reference only where its top-2 logits are closer than bf16 moves them (a near-tie, judged from the float32
+logits), and its log-probs may be off by about what bf16 transformers' are. A fault (a wrong or missing weight, a
+reload that loses the tied head) moves logits by far more than that.
 """
 
 from __future__ import annotations
@@ -22,13 +25,6 @@ from whale_ray.records import SamplingParams
 
 vllm = pytest.importorskip("vllm")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-# A near-tie: where the two engines part, the bf16 engine took the float32 reference's second choice, and the
-# reference's top-2 gap is within what bf16 arithmetic moves a logit: 0.1, or 5 % of the top logit (a relative
-# error; on the H200 a reload test with perturbed weights parted at logits 6.522 / 6.232, the same after vLLM's
-# reload and after the copy plan's, the other 6 of 8 completions identical).
-NEAR_TIE, NEAR_TIE_REL = 0.1, 0.05
-
 
 def ask(q: str, **sampling) -> GenerationRequest:
     return GenerationRequest([{"role": "system", "content": "Solve the problem."}, {"role": "user", "content": q}],
@@ -54,66 +50,103 @@ def engines(policy):
     v.close()
 
 
+@pytest.fixture(scope="module")
+def bf16(policy):
+    """The checkpoint in bf16 through transformers: bf16 arithmetic alone, the floor vLLM is held to."""
+    return TransformersEngine(policy, device="cuda", dtype="bfloat16")
+
+
 def teacher_logits(ref: TransformersEngine, prompt_ids, completion_ids) -> torch.Tensor:
     ids = torch.tensor([list(prompt_ids) + list(completion_ids)], device=ref.device)
     with torch.no_grad():
         return ref.model(input_ids=ids).logits[0, len(prompt_ids) - 1 :].float()
 
 
-def agree_up_to_near_ties(ref, a, b) -> bool:
-    """a == b, or they part where the reference's float32 top-2 logits are a near-tie."""
+def bf16_gap_noise(ref: TransformersEngine, half: TransformersEngine, outs) -> float:
+    """A near-tie threshold for these weights: twice the largest change bf16 arithmetic makes to the reference's
+    top-2 logit gap, teacher-forced on the reference's own greedy completions `outs` (at least 0.05)."""
+    worst = 0.0
+    for o in outs:
+        a, b = teacher_logits(ref, o.prompt_ids, o.completion_ids), teacher_logits(half, o.prompt_ids, o.completion_ids)
+        top = a.topk(2).indices
+        ga, gb = a.gather(1, top), b.gather(1, top)
+        worst = max(worst, float(((ga[:, 0] - ga[:, 1]) - (gb[:, 0] - gb[:, 1])).abs().max()))
+    return max(0.05, 2 * worst)
+
+
+@pytest.fixture(scope="module")
+def near_tie(engines, bf16) -> float:
+    _, ref = engines
+    want = ref.generate([ask(q, max_tokens=160, temperature=0.0) for q in QUESTIONS])
+    tie = bf16_gap_noise(ref, bf16, want)
+    print(f"near-tie threshold (2x bf16's largest move of the top-2 gap): {tie:.3f}")
+    return tie
+
+
+def agree_up_to_near_ties(ref, a, b, near_tie: float) -> bool:
+    """a == b, or where they part the reference's float32 logits of the two tokens taken are closer than `near_tie`
+    (on a real model bf16 sometimes takes the reference's third choice, as bf16 transformers does too)."""
     if a.completion_ids == b.completion_ids:
         return True
     j = next((i for i, (x, y) in enumerate(zip(a.completion_ids, b.completion_ids)) if x != y),
              min(len(a.completion_ids), len(b.completion_ids)))
-    top2 = teacher_logits(ref, a.prompt_ids, a.completion_ids[:j])[j].topk(2)
-    first, second = top2.values.tolist()
-    parted_on_top2 = {a.completion_ids[j], b.completion_ids[j]} <= set(top2.indices.tolist()) if j < min(
-        len(a.completion_ids), len(b.completion_ids)) else True
-    return parted_on_top2 and first - second < max(NEAR_TIE, NEAR_TIE_REL * abs(first))
+    if j == min(len(a.completion_ids), len(b.completion_ids)):
+        return True  # one stopped where the other went on: the eos was the near-tie
+    logits = teacher_logits(ref, a.prompt_ids, a.completion_ids[:j])[j]
+    return abs(float(logits[a.completion_ids[j]] - logits[b.completion_ids[j]])) < near_tie
 
 
-def test_greedy_tokens_equal_transformers(engines):
+def test_greedy_tokens_equal_transformers(engines, bf16, near_tie):
     v, ref = engines
     reqs = [ask(q, max_tokens=160, temperature=0.0) for q in QUESTIONS]
-    got, want = v.generate(reqs), ref.generate(reqs)
+    got, want, floor = v.generate(reqs), ref.generate(reqs), bf16.generate(reqs)
     exact = sum(g.completion_ids == w.completion_ids for g, w in zip(got, want))
-    print(f"greedy: {exact}/{len(reqs)} identical to TransformersEngine (float32)")
+    exact_bf16 = sum(h.completion_ids == w.completion_ids for h, w in zip(floor, want))
+    print(f"greedy: {exact}/{len(reqs)} identical to TransformersEngine (float32); transformers in bf16: "
+          f"{exact_bf16}/{len(reqs)}")
     for g, w in zip(got, want):
         assert g.prompt_ids == w.prompt_ids  # the chat template rendered on the trusted side, same ids
-        assert agree_up_to_near_ties(ref, g, w), (g.text, w.text)
+        assert agree_up_to_near_ties(ref, g, w, near_tie), (g.text, w.text)
         if g.completion_ids == w.completion_ids:
             assert (g.text, g.finish_reason) == (w.text, w.finish_reason)
-    assert exact >= len(reqs) // 2
+    assert exact >= exact_bf16 - 2  # parts from float32 about as often as bf16 arithmetic does, not more
     sampled = v.generate([ask(q, max_tokens=160, temperature=1.0, seed=s) for s in range(4) for q in QUESTIONS])
     stopped = [g for g in sampled if g.finish_reason == "stop"]
     assert stopped and all(g.completion_ids[-1] in v.eos_ids for g in stopped)  # the eos is kept
     assert all(not set(v.eos_ids) & set(g.completion_ids[:-1]) for g in sampled)
 
 
-def test_sampled_logprobs_match_recomputation(engines):
+def test_sampled_logprobs_match_recomputation(engines, bf16):
+    """vLLM's processed log-probs against the float32 recomputation, beside bf16 transformers' recomputation of the
+    same tokens: vLLM may be off by about what bf16 arithmetic is, not more."""
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     v, ref = engines
     settings = [(1.0, 20, 1.0), (0.7, 0, 0.9), (1.3, 5, 0.8), (0.0, 0, 1.0), (1.0, 0, 1.0), (0.5, 10, 0.95)]
     reqs = [ask(q, max_tokens=32, temperature=t, top_k=k, top_p=p, seed=7 + i)
             for i, (q, (t, k, p)) in enumerate(zip(QUESTIONS, settings))]
-    diffs, outside = [], 0
-    for out, (t, k, p) in zip(v.generate(reqs), settings):
-        assert len(out.logprobs) == len(out.completion_ids) > 0
-        logits = teacher_logits(ref, out.prompt_ids, out.completion_ids)[:-1]
+
+    def processed(engine, out, t, k, p):
+        logits = teacher_logits(engine, out.prompt_ids, out.completion_ids)[:-1]
         if t > 0:
             logits = TemperatureLogitsWarper(t)(None, logits)
             logits = TopKLogitsWarper(k)(None, logits) if k else logits
             logits = TopPLogitsWarper(p)(None, logits) if p < 1 else logits
-        want = logits.log_softmax(-1).gather(1, torch.tensor(out.completion_ids, device=logits.device)[:, None])[:, 0]
-        finite = torch.isfinite(want)
+        ids = torch.tensor(out.completion_ids, device=logits.device)[:, None]
+        return logits.log_softmax(-1).gather(1, ids)[:, 0]
+
+    diffs, floor, outside = [], [], 0
+    for out, (t, k, p) in zip(v.generate(reqs), settings):
+        assert len(out.logprobs) == len(out.completion_ids) > 0
+        want, half = processed(ref, out, t, k, p), processed(bf16, out, t, k, p)
+        finite = torch.isfinite(want) & torch.isfinite(half)
         outside += int((~finite).sum())  # sampled in bf16 just outside float32's top-p / top-k set
         diffs.append((torch.tensor(out.logprobs, device=want.device)[finite] - want[finite]).abs())
-    d = torch.cat(diffs)
-    print(f"log-prob |vLLM bf16 - float32 recomputation|: mean {d.mean():.4f} max {d.max():.4f} "
-          f"over {d.numel()} tokens; {outside} outside the float32 set")
-    assert outside <= 2 and d.mean() < 0.03 and d.max() < 0.3
+        floor.append((half[finite] - want[finite]).abs())
+    d, f = torch.cat(diffs), torch.cat(floor)
+    print(f"log-prob |vLLM bf16 - float32|: mean {d.mean():.4f} max {d.max():.4f}; |transformers bf16 - float32|: "
+          f"mean {f.mean():.4f} max {f.max():.4f}; over {d.numel()} tokens, {outside} outside the float32 set")
+    assert outside <= 2 and d.mean() <= 1.5 * f.mean() + 0.005 and d.max() <= 2 * f.max() + 0.05
 
 
 def fresh_pair(text: str) -> str | None:
@@ -153,32 +186,56 @@ def test_seeded_request_alone_and_in_company(engines):
     assert crowd[-1].completion_ids == alone.completion_ids
 
 
+def checkpoint_state(policy) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: t for f in sorted(Path(policy).glob("*.safetensors")) for k, t in load_file(str(f)).items()}
+
+
+@pytest.fixture(scope="module")
+def own_greedy(engines):
+    """Greedy outputs on the checkpoint's own weights, taken before any test reloads the engine."""
+    v, _ = engines
+    return [o.completion_ids for o in v.generate([ask(q, max_tokens=32, temperature=0.0) for q in QUESTIONS])]
+
+
 @pytest.mark.parametrize("form", ["gpu_bf16", "trainer_cpu_fp32"])
-def test_reload_in_place_then_greedy_equals_transformers(engines, policy, form):
+def test_reload_in_place_then_greedy_equals_transformers(engines, bf16, own_greedy, policy, form):
     """From GPU tensors in the engine's dtype, and in the form the Trainer sends them in a `whale run`
-    (RSFTLearner.state_dict: float32 copies on the CPU, cast by load_weights)."""
+    (RSFTLearner.state_dict: float32 copies on the CPU, cast by load_weights). The checkpoint's own weights first:
+    reloaded (after whatever an earlier case left loaded), every greedy output is again bit for bit the one of the
+    first load from disk (a head or embedding loaded wrong would change them); then weights moved by noise
+    relative to each tensor's spread, held to the float32 reference on the same rounded weights."""
     v, ref = engines
     reqs = [ask(q, max_tokens=32, temperature=0.0) for q in QUESTIONS]
-    before = v.generate(reqs)  # fills the prefix cache with these prompts
-    torch.manual_seed(0 if form == "gpu_bf16" else 1)
-    new = {k: (t + 0.02 * torch.randn_like(t)).to(torch.float32) for k, t in ref.model.state_dict().items()}
-    new["lm_head.weight"] = new["model.embed_tokens.weight"]  # tied: one tensor under both names
+    own = checkpoint_state(policy)
     version = v.version
-    sent = {k: t.to("cuda", torch.bfloat16) for k, t in new.items()} if form == "gpu_bf16" else \
-        {k: t.detach().to("cpu", copy=True) for k, t in new.items()}
-    v.load_weights(sent, version + 1)
-    # the reference holds what vLLM holds: the same weights rounded to bf16 (unrounded float32 weights move the
-    # logits by more than bf16 arithmetic does, past NEAR_TIE on the H200 with a 1200-step policy)
-    ref.load_weights({k: t.to(torch.bfloat16).float() for k, t in new.items()}, version + 1)
+    v.load_weights({k: t.to("cuda", torch.bfloat16) if form == "gpu_bf16" else t.float() for k, t in own.items()},
+                   version + 1)
+    assert [o.completion_ids for o in v.generate(reqs)] == own_greedy
+
+    g = torch.Generator().manual_seed(0 if form == "gpu_bf16" else 1)
+    new = {k: t.float() + 0.05 * t.float().std().clamp_min(1e-3) * torch.randn(t.shape, generator=g)
+           for k, t in own.items()}  # a tied head is not in the checkpoint: it follows the embedding
+    sent = {k: t.to("cuda", torch.bfloat16) for k, t in new.items()} if form == "gpu_bf16" else new
+    v.load_weights(sent, version + 2)
+    # the references hold what vLLM holds: the same weights rounded to bf16
+    rounded = {k: t.to(torch.bfloat16).float() for k, t in new.items()}
+    if "lm_head.weight" not in rounded:
+        rounded["lm_head.weight"] = rounded["model.embed_tokens.weight"]
+    ref.load_weights(rounded, version + 2)
+    bf16.load_weights(rounded, version + 2)
     after, want = v.generate(reqs), ref.generate(reqs)
-    assert v.version == version + 1 and all(o.weight_version == version + 1 for o in after)
-    assert sum(a.completion_ids != b.completion_ids for a, b in zip(after, before)) >= len(reqs) // 2
+    near_tie = bf16_gap_noise(ref, bf16, want)
+    assert v.version == version + 2 and all(o.weight_version == version + 2 for o in after)
+    assert any(a.completion_ids != b for a, b in zip(after, own_greedy))  # the new weights are the ones answering
     exact = sum(a.completion_ids == w.completion_ids for a, w in zip(after, want))
-    print(f"after reload: greedy {exact}/{len(reqs)} identical to TransformersEngine with the same weights")
-    assert all(agree_up_to_near_ties(ref, a, w) for a, w in zip(after, want)) and exact >= len(reqs) // 2
+    print(f"after reload: greedy {exact}/{len(reqs)} identical to TransformersEngine with the same weights "
+          f"(near-tie {near_tie:.3f})")
+    assert all(agree_up_to_near_ties(ref, a, w, near_tie) for a, w in zip(after, want))
     with pytest.raises(ValueError, match="shape mismatch"):
-        v.load_weights({**new, "model.norm.weight": torch.zeros(3)}, version + 2)
-    assert v.version == version + 1
+        v.load_weights({**new, "model.norm.weight": torch.zeros(3)}, version + 3)
+    assert v.version == version + 2
 
 
 def test_the_copy_plan_loads_bit_for_bit_what_vllms_reload_loads(engines):
@@ -324,9 +381,7 @@ def test_sleep_levels_free_memory_and_wake_on_the_same_weights(policy):
     reqs = [ask(q, max_tokens=24, temperature=0.0) for q in QUESTIONS]
     before = [o.completion_ids for o in v.generate(reqs)]
     alone = v.generate(reqs[:1])[0].completion_ids  # the held request runs alone: compare like with like
-    from safetensors.torch import load_file
-
-    state = {k: t.cuda() for f in sorted(Path(policy).glob("*.safetensors")) for k, t in load_file(str(f)).items()}
+    state = {k: t.cuda() for k, t in checkpoint_state(policy).items()}
     for level in (1, 2, 2):  # the second level-2 load replays the copy plan the first one recorded
         v.sleep_level = level
         free0 = torch.cuda.mem_get_info()[0]
@@ -371,8 +426,6 @@ def test_shared_weights_load_into_vllm_like_the_same_weights_sent_directly(engin
     import subprocess
     import sys
 
-    from safetensors.torch import load_file
-
     from whale_ray.policy.weight_sync import materialize
 
     v, _ = engines
@@ -394,7 +447,6 @@ def test_shared_weights_load_into_vllm_like_the_same_weights_sent_directly(engin
     finally:
         child.stdin.close()
         child.wait(timeout=30)
-    direct = {k: t.to("cuda", torch.float32) * 0.9 for f in sorted(Path(policy).glob("*.safetensors"))
-              for k, t in load_file(str(f)).items()}
+    direct = {k: t.to("cuda", torch.float32) * 0.9 for k, t in checkpoint_state(policy).items()}
     v.load_weights(direct, version + 1)
     assert [o.completion_ids for o in v.generate(reqs)] == via_ipc

@@ -122,12 +122,15 @@ class VLLMEngine:
         self.eos_ids = eos_token_ids(gen_eos if gen_eos is not None else config.get("eos_token_id"), self.tokenizer, path)
         self.max_context = int(config.get("max_position_embeddings") or 4096)
         self._shapes = checkpoint_shapes(path)
-        self._tied_head = {"lm_head.weight"} if config.get("tie_word_embeddings") else set()
-        if self._tied_head and "lm_head.weight" not in self._shapes:
-            self._shapes["lm_head.weight"] = self._shapes["model.embed_tokens.weight"]
-            self._tied = {"lm_head.weight"}
-        else:
-            self._tied = set()
+        # A tied head is the embedding, whether or not the checkpoint also stores it: it may be sent or left out,
+        # and vLLM loads it from the embedding either way. The config class's default counts where config.json
+        # leaves the key out (Gemma 3 ties by default, Llama does not).
+        from transformers import AutoConfig
+
+        tied = AutoConfig.from_pretrained(path, local_files_only=True).get_text_config().tie_word_embeddings
+        self._tied_head = {"lm_head.weight"} if tied else set()
+        if self._tied_head:
+            self._shapes.setdefault("lm_head.weight", self._shapes["model.embed_tokens.weight"])
         if sleep_level not in (0, 1, 2):
             raise ValueError(f"sleep_level must be 0 (off), 1 or 2, got {sleep_level!r}")
         self.sleep_level = int(sleep_level)
@@ -221,7 +224,7 @@ class VLLMEngine:
                 f"load_weights: shape mismatch for {bad[0]}: got {tuple(state_dict[bad[0]].shape)}, "
                 f"model has {self._shapes[bad[0]]}"
             )
-        missing = sorted(set(self._shapes) - set(state_dict) - self._tied)
+        missing = sorted(set(self._shapes) - set(state_dict) - self._tied_head)
         if missing:
             raise ValueError(f"load_weights: missing keys: {', '.join(missing[:5])}")
         # vLLM loads a tied head from the embedding and skips lm_head.weight: say so by not sending it. Tensors
