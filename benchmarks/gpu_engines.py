@@ -125,7 +125,7 @@ def part_vllm(a) -> dict:
     import vllm
     from vllm.inputs.engine import tokens_input
 
-    from whale_ray.policy.tiny import load_tokenizer
+    from whale_ray.policy.checkpoint import load_tokenizer
 
     prompts = Prompts(load_tokenizer(a.model), a.prompt)
     llm = vllm.LLM(model=str(a.model), dtype="bfloat16", skip_tokenizer_init=True, max_num_seqs=256, seed=0,
@@ -166,8 +166,8 @@ def part_server(a) -> dict:
     """PolicyService on VLLMEngine (the actor's code without Ray), B concurrent asyncio clients; the same batch
     through VLLMEngine.generate from one thread (no asyncio); the chat template + tokenisation of the batch
     alone; the engine's step count; and a batch whose requests carry a stop string that never matches."""
+    from whale_ray.policy.checkpoint import load_tokenizer
     from whale_ray.policy.serving import PolicyService
-    from whale_ray.policy.tiny import load_tokenizer
 
     prompts = Prompts(load_tokenizer(a.model), a.prompt)
     svc = PolicyService(str(a.model), engine="vllm", max_batch=256, dtype="bfloat16", gpu_memory_utilization=0.6)
@@ -250,7 +250,7 @@ def part_ray(a) -> dict:
     import ray
 
     from actors.policy_server import PolicyServer
-    from whale_ray.policy.tiny import load_tokenizer
+    from whale_ray.policy.checkpoint import load_tokenizer
 
     prompts = Prompts(load_tokenizer(a.model), a.prompt)
     ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)

@@ -59,7 +59,7 @@ def data_config(tmp_path, name, train, test) -> str:
         (["--harness", "{syntax}"], "syntax error at line"),
         (["--harness", "{norun}"], "run"),
         (["--harness", "{missing}"], "missing.py"),
-        (["--model", "{missing}"], "not a Hugging Face checkpoint directory"),
+        (["--model", "{missing}"], "missing.py: no such directory"),
         (["--config", "{missing_data}"], "nothere.parquet"),
         (["--config", "{no_column}"], "missing column 'reward_model'"),
         (["--domain", "search_qa", "--config", "{missing_corpus}"], "retrieval.corpus_path"),

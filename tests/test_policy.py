@@ -24,16 +24,15 @@ from hypothesis import strategies as st
 
 from whale_ray.domain import Domain
 from whale_ray.policy import (
-    CheckpointError,
     GenerationRequest,
     TransformersEngine,
     build_embedded_policy,
     check_request,
-    load_policy,
     make_engine,
     read_build_info,
     tiny,
 )
+from whale_ray.policy.checkpoint import CheckpointError, load_policy
 from whale_ray.policy.engine import StopMatcher, decode_completion, sample_rows
 from whale_ray.records import SamplingParams
 

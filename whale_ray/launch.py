@@ -40,9 +40,7 @@ def check_inputs(cfg: WhaleConfig) -> None:
     except HarnessError as e:
         raise InputError(str(e)) from None
     if cfg.policy.model is not None:
-        model = Path(cfg.policy.model)
-        if not model.is_dir() or not (model / "config.json").is_file():
-            raise InputError(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
+        check_model(Path(cfg.policy.model))
     check_proposer(cfg)
     from whale_ray.loop import RunDirectory
 
@@ -50,6 +48,17 @@ def check_inputs(cfg: WhaleConfig) -> None:
     if conflicts:  # the endpoint (serve.*) is no part of a run's identity
         raise InputError(f"--run-dir {cfg.run_dir}: holds a run with a different config ({'; '.join(conflicts[:5])}); "
                          "relaunch with the same options to resume, or choose another run directory")
+
+
+def check_model(model: Path) -> None:
+    """A `--model` checkpoint fully checked (files, config, chat template, eos), so that a bad one is one line here
+    rather than an actor that fails the same way on every start."""
+    from whale_ray.policy.checkpoint import CheckpointError, check_checkpoint
+
+    try:
+        check_checkpoint(model)
+    except CheckpointError as e:
+        raise InputError(str(e)) from None
 
 
 def check_proposer(cfg: WhaleConfig) -> None:

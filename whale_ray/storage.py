@@ -1,10 +1,13 @@
-"""Crash-safe file writes: readers see the old content or the new one, never a mix."""
+"""Crash-safe file writes: readers see the old content or the new one, never a mix; a lock file for builders."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def fsync_dir(path: Path) -> None:
@@ -38,3 +41,15 @@ def atomic_write_text(path: Path, data: str) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created if missing) for the block: processes that build the same cache entry
+    take turns; the kernel drops it when a holder dies."""
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

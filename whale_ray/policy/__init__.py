@@ -1,18 +1,12 @@
-"""The policy: the embedded tiny model (tiny.py) and the generation engines (transformers_engine.py,
-vllm_engine.py; their common types in engine.py), by name."""
+"""The policy: checkpoints (checkpoint.py: checked and loaded; model_import.py: made from a GGUF file), the
+embedded tiny model (tiny.py) and the generation engines (transformers_engine.py, vllm_engine.py; their common
+types in engine.py), by name."""
 
 from pathlib import Path
 from typing import Any
 
 from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request
-from whale_ray.policy.tiny import (
-    CheckpointError,
-    build_embedded_policy,
-    check_checkpoint_dir,
-    default_cache_dir,
-    load_policy,
-    read_build_info,
-)
+from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir, read_build_info
 from whale_ray.policy.transformers_engine import TransformersEngine
 from whale_ray.policy.vllm_engine import VLLMEngine
 
@@ -30,17 +24,14 @@ def make_engine(kind: str, model_path: Path | str, **kw: Any) -> Engine:
 
 __all__ = [
     "ENGINES",
-    "CheckpointError",
     "Engine",
     "GenerationOutput",
     "GenerationRequest",
     "TransformersEngine",
     "VLLMEngine",
     "build_embedded_policy",
-    "check_checkpoint_dir",
     "check_request",
     "default_cache_dir",
-    "load_policy",
     "make_engine",
     "read_build_info",
 ]

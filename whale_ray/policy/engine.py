@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import queue
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 import torch
@@ -126,16 +125,6 @@ def encode_prompts(tokenizer: Any, requests: list[GenerationRequest]) -> list[li
              tokenizer.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True) for r in todo]
     fresh = iter(tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else [])
     return [list(r.prompt_ids) if r.prompt_ids is not None else next(fresh) for r in requests]
-
-
-def eos_token_ids(generation_eos: int | list[int] | None, tokenizer: Any, model_path: Path | str) -> list[int]:
-    """The ids that end a completion: the generation config's eos ids and the tokenizer's eos."""
-    eos = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
-    if tokenizer.eos_token_id is not None:
-        eos.append(tokenizer.eos_token_id)
-    if not eos:
-        raise ValueError(f"policy checkpoint {model_path}: neither the generation config nor the tokenizer has an eos token")
-    return sorted(set(eos))
 
 
 def decode_completion(tokenizer: Any, ids: list[int]) -> str:

@@ -8,14 +8,10 @@ generation config) that `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained`
 Builds are cached under `$WHALE_CACHE` (default `~/.cache/whale-ray`): the directory name is a hash of
 everything that determines the checkpoint, a build happens in a temporary directory that is renamed into
 place only when complete, and concurrent builders of the same key are serialised by a file lock.
-
-`load_policy(path)` loads any local Hugging Face causal-LM checkpoint directory (the tiny policy, a
-Qwen3.5-2B folder, ...) and says clearly which path is wrong when it is not one.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
@@ -30,9 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from whale_ray.storage import file_lock
 
+if TYPE_CHECKING:
     from whale_ray.domain import Domain
 
 # Bump when the corpus preparation, tokenizer recipe or training recipe changes: it is part of the cache key.
@@ -51,10 +47,6 @@ CHAT_TEMPLATE = (
 )
 
 BUILD_INFO = "whale_build.json"  # written into every built checkpoint: key inputs, loss curve ends, timing
-
-
-class CheckpointError(ValueError):
-    """A policy checkpoint path is not usable; the message names the path and what is missing."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +108,7 @@ def build_embedded_policy(
     if _is_complete(final):
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _file_lock(cache_dir / f".{final.name}.lock"):
+    with file_lock(cache_dir / f".{final.name}.lock"):
         if _is_complete(final):  # another process finished it while we waited
             return final
         for stale in cache_dir.glob(f".{final.name}.tmp-*"):  # left by a killed build (we hold the lock)
@@ -139,57 +131,6 @@ def read_build_info(model_path: Path) -> dict[str, Any]:
     """The build record of a tiny-policy checkpoint (loss curve ends, time, steps/s), {} for other checkpoints."""
     p = Path(model_path) / BUILD_INFO
     return json.loads(p.read_text()) if p.is_file() else {}
-
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-
-
-def check_checkpoint_dir(model_path: Path | str) -> Path:
-    """`model_path` as a Path, after checking it looks like a local HF causal-LM checkpoint; CheckpointError if not."""
-    path = Path(model_path).expanduser()
-    if not path.exists():
-        raise CheckpointError(f"policy checkpoint {path}: no such directory")
-    if not path.is_dir():
-        raise CheckpointError(f"policy checkpoint {path}: not a directory (expected a Hugging Face checkpoint folder)")
-    if not (path / "config.json").is_file():
-        raise CheckpointError(f"policy checkpoint {path}: no config.json (not a Hugging Face model directory)")
-    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
-        raise CheckpointError(
-            f"policy checkpoint {path}: no tokenizer files (looked for {', '.join(_TOKENIZER_FILES)})"
-        )
-    return path
-
-
-def load_tokenizer(model_path: Path | str) -> "PreTrainedTokenizerBase":
-    """The checkpoint's tokenizer (it must have a chat template), never touching the network; every engine
-    renders prompts with it on the trusted side."""
-    from transformers import AutoTokenizer
-
-    path = check_checkpoint_dir(model_path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"policy checkpoint {path}: could not be loaded ({e})") from e
-    if tokenizer.chat_template is None:
-        raise CheckpointError(f"policy checkpoint {path}: the tokenizer has no chat template")
-    return tokenizer
-
-
-def load_policy(
-    model_path: Path | str, *, device: str = "cpu", dtype: Any = "auto"
-) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
-    """(model, tokenizer) from a local checkpoint directory, in eval mode, never touching the network."""
-    from transformers import AutoModelForCausalLM
-
-    path = check_checkpoint_dir(model_path)
-    tokenizer = load_tokenizer(path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"policy checkpoint {path}: could not be loaded ({e})") from e
-    model.to(device)
-    model.eval()
-    return model, tokenizer
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -483,13 +424,3 @@ def _train(
 
 def _is_complete(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file() and (path / BUILD_INFO).is_file()
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

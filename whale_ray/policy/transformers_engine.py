@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from whale_ray.policy.checkpoint import eos_token_ids, load_policy
 from whale_ray.policy.continuous import Live, RunningBatch, plain_kv
 from whale_ray.policy.engine import (
     GenerationOutput,
@@ -34,9 +35,7 @@ from whale_ray.policy.engine import (
     check_request,
     drain_commands,
     encode_prompts,
-    eos_token_ids,
 )
-from whale_ray.policy.tiny import load_policy
 
 
 def _resolve_device(device: str) -> torch.device:
@@ -92,7 +91,7 @@ class TransformersEngine:
         self._submit_lock = threading.Lock()  # seeds are drawn in submission order
         self._weights_lock = threading.Lock()  # state_dict never reads a half-loaded model
         self._version = int(version)  # the weights' version when the server restarts from a checkpoint
-        self.eos_ids = eos_token_ids(self.model.generation_config.eos_token_id, self.tokenizer, model_path)
+        self.eos_ids = eos_token_ids(model_path, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_ids[0]
         # transformers 5 renamed the forward's `past_key_values` to `cache`; accept either

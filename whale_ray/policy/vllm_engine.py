@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 
+from whale_ray.policy.checkpoint import check_checkpoint_dir, eos_token_ids, load_tokenizer
 from whale_ray.policy.engine import (
     GenerationOutput,
     GenerationRequest,
@@ -63,9 +64,7 @@ from whale_ray.policy.engine import (
     decode_completion,
     drain_commands,
     encode_prompts,
-    eos_token_ids,
 )
-from whale_ray.policy.tiny import check_checkpoint_dir, load_tokenizer
 
 
 @dataclass
@@ -117,9 +116,7 @@ class VLLMEngine:
         self.model_path = path
         self.tokenizer = load_tokenizer(path)
         config = json.loads((path / "config.json").read_text())
-        gen_file = path / "generation_config.json"
-        gen_eos = json.loads(gen_file.read_text()).get("eos_token_id") if gen_file.is_file() else None
-        self.eos_ids = eos_token_ids(gen_eos if gen_eos is not None else config.get("eos_token_id"), self.tokenizer, path)
+        self.eos_ids = eos_token_ids(path, self.tokenizer)
         self.max_context = int(config.get("max_position_embeddings") or 4096)
         self._shapes = checkpoint_shapes(path)
         # A tied head is the embedding, whether or not the checkpoint also stores it: it may be sent or left out,

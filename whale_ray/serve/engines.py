@@ -41,9 +41,9 @@ import time
 import ray
 import torch
 
+from whale_ray.policy.checkpoint import load_tokenizer
 from whale_ray.policy.engine import GenerationOutput, GenerationRequest, check_request
 from whale_ray.policy.serving import PolicyService, to_call
-from whale_ray.policy.tiny import load_tokenizer
 from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve.channel import Channel, Link
 from whale_ray.serve.follow import Weights, follower_of, load_state_dict, start_weights

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 from pydantic import ValidationError
 
 from whale_ray.config import PolicyConfig, ServeConfig, WhaleConfig, load_config, load_recorded_config
+from whale_ray.policy.checkpoint import check_checkpoint
 from whale_ray.serve.spec import EndpointSpec, for_model, for_run
 
 SERVE_FLAGS = ("host", "port", "replicas", "min_replicas", "max_replicas", "max_concurrent", "api_key_env",
@@ -40,8 +41,7 @@ def endpoint_spec(run_dir: Path | None, model: Path | None, domain: str, harness
     if run_dir is not None:
         return for_run(cfg, base_model(cfg), serve)
     assert model is not None
-    if not (model / "config.json").is_file():
-        raise ValueError(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
+    check_checkpoint(model)  # a CheckpointError is a ValueError naming the path
     if harness is not None and not harness.is_file():
         raise ValueError(f"--harness {harness}: no such file")
     return for_model(model, domain=cfg.domain, harness=harness, policy=PolicyConfig(), sandbox=cfg.sandbox,
