@@ -9,7 +9,7 @@ the GGUF's chat template, and a generation config whose eos ids are the template
 The end-of-turn token is found by rendering a conversation through the template, not taken from the converted
 tokenizer: transformers' GGUF tokenizer conversion has given a different eos across versions (`<|im_end|>` under
 5.25, `<|im_start|>` under 5.17 for the same file). Only architectures that transformers' GGUF loader reads and
-whale-ray's engines have run are accepted; another is refused from the file's metadata, before any conversion.
+whale-ray's engines handle are accepted; another is refused from the file's metadata, before any conversion.
 The weights are read by transformers' GGUF reader into a model built from the converted config (a model loaded
 by `from_pretrained(gguf_file=...)` refuses `save_pretrained`, and that path needs `accelerate`).
 """
@@ -150,33 +150,27 @@ def import_gguf(source: str | Path, out: Path | str, *, dtype: str = "float32", 
     info = read_gguf(gguf)
     out = Path(out).expanduser().absolute()
     digest = sha256_file(gguf)
-    if out.exists() or out.is_symlink():
-        if not out.is_dir():
-            raise ModelImportError(f"--out {out}: exists and is not a directory")
-        same = _record(out)
-        if same.get("sha256") == digest and same.get("dtype") == dtype:
-            try:
-                check_checkpoint(out)
-                return Imported(out, same, reused=True)
-            except CheckpointError:
-                pass  # a damaged copy of this import: replaced below without asking
-        elif any(out.iterdir()) and not force:
-            what = f"an import of {same.get('source')}" if same else "other files"
-            raise ModelImportError(f"--out {out}: holds {what} ({dtype} of {gguf.name} asked); choose another "
-                                   "directory or pass --force to replace it")
+    kept = _kept(out, gguf, digest, dtype, force)
+    if kept is not None:
+        return kept
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(out)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-{os.getpid()}-", dir=out.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users of a shared path
-        record = _convert(info, tmp, dtype)
-        record["sha256"] = digest
-        (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
-        check_checkpoint(tmp)  # what `--model` will ask of it, before it takes the name
-        _swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with file_lock(out.parent / f".{out.name}.lock"):  # importers into one place take turns
+        kept = _kept(out, gguf, digest, dtype, force)  # another importer may have written it meanwhile
+        if kept is not None:
+            return kept
+        for stale in [*out.parent.glob(f".{out.name}.import-*"), *out.parent.glob(f".{out.name}.old-*")]:
+            shutil.rmtree(stale, ignore_errors=True)  # left by a killed import (we hold the lock)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.import-", dir=out.parent))
+        try:
+            tmp.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users of a shared path
+            record = _convert(info, tmp, dtype)
+            record["sha256"] = digest
+            (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+            check_checkpoint(tmp)  # what `--model` will ask of it, before it takes the name
+            _swap_in(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return Imported(out, record, reused=False)
 
 
@@ -189,8 +183,7 @@ def cached_import(source: str | Path, cache_dir: Path | None = None, dtype: str 
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"gguf-{gguf.stem}-{sha256_file(gguf)[:16]}-{dtype}"
-    with file_lock(cache / f".{out.name}.lock"):
-        return import_gguf(gguf, out, dtype=dtype, force=True).path
+    return import_gguf(gguf, out, dtype=dtype, force=True).path
 
 
 def _convert(info: GGUFInfo, out: Path, dtype: str) -> dict[str, Any]:
@@ -237,6 +230,27 @@ def _convert(info: GGUFInfo, out: Path, dtype: str) -> dict[str, Any]:
     }
 
 
+def _kept(out: Path, gguf: Path, digest: str, dtype: str, force: bool) -> Imported | None:
+    """What an existing `out` gets: kept when it holds this import (same file, same dtype) whole; refused when it
+    holds anything else, unless `force`. None: write it."""
+    if not (out.exists() or out.is_symlink()):
+        return None
+    if not out.is_dir():
+        raise ModelImportError(f"--out {out}: exists and is not a directory")
+    same = _record(out)
+    if same.get("sha256") == digest and same.get("dtype") == dtype:
+        try:
+            check_checkpoint(out)
+            return Imported(out, same, reused=True)
+        except CheckpointError:
+            return None  # a damaged copy of this import: replaced without asking
+    if any(out.iterdir()) and not force:
+        what = f"the {same.get('dtype')} import of {same.get('source')}" if same else "other files"
+        raise ModelImportError(f"--out {out}: holds {what}, not the {dtype} import of {gguf}; choose another "
+                               "directory or pass --force to replace it")
+    return None
+
+
 def _record(path: Path) -> dict[str, Any]:
     try:
         record = json.loads((path / RECORD).read_text())
@@ -249,26 +263,8 @@ def _swap_in(tmp: Path, out: Path) -> None:
     """`tmp` renamed to `out`; what `out` held is moved aside first and removed after."""
     old = None
     if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, old / out.name)
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _remove_stale(out: Path) -> None:
-    """Temporary siblings of `out` left by an import whose process is gone (killed mid-way)."""
-    for stale in out.parent.glob(f".{out.name}.import-*"):
-        pid = stale.name.removeprefix(f".{out.name}.import-").split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
