@@ -27,7 +27,7 @@ from ray.exceptions import ActorUnavailableError, RayActorError
 
 from actors.evaluator_pool import EvaluatorPool
 from actors.harness_proposer import HarnessProposer
-from actors.policy_server import PolicyServer
+from actors.policy_server import start_policy_servers
 from actors.sandbox_evaluator import PolicyLost
 from actors.trainer import StaleTrainer, Trainer
 from actors.weight_broadcast import ByBroadcast, WeightBroadcaster
@@ -119,10 +119,8 @@ class Coordinator:
                 empty_cache_after_step=p.engine == "vllm" and p.sleep_level > 0)
             if checkpoint:
                 ray.get(self.trainer.load_checkpoint.remote(checkpoint))
-        self.policies = [PolicyServer.options(**place.options("policy_server", res.policy_server), **restarts).remote(
-            checkpoint or self.base_model, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms,
-            batching=p.batching, version=state.weight_version, device=p.device, dtype=p.dtype, seed=cfg.seed,
-            **p.engine_options(), weights_from=self.trainer, events_dir=str(run.root)) for _ in range(p.replicas)]
+        self.policies = start_policy_servers(cfg, checkpoint or self.base_model, place, version=state.weight_version,
+                                             weights_from=self.trainer, events_dir=str(run.root), **restarts)
         self.broadcaster = None
         if self.trains and cfg.weight.weight_sync == "broadcast":
             self.broadcaster = WeightBroadcaster(self.trainer, self.policies, cfg.weight.broadcast,

@@ -27,10 +27,12 @@ from typing import Any
 
 import ray
 
+from whale_ray.config import WhaleConfig
 from whale_ray.events import EventLog
 from whale_ray.policy.serving import PolicyService
 from whale_ray.policy.weight_broadcast import GroupSpec, Receiver
 from whale_ray.records import ModelCall, SamplingParams
+from whale_ray.resources import Placement
 
 
 @ray.remote
@@ -96,3 +98,15 @@ class PolicyServer:
 
     def stats(self) -> dict[str, float]:
         return self._service.stats()
+
+
+def start_policy_servers(cfg: WhaleConfig, model_path: str, placement: Placement, *, version: int = 0,
+                         **options: Any) -> list["ray.actor.ActorHandle"]:
+    """The run's `policy.replicas` PolicyServers on `model_path`, with the config's engine settings; `options`:
+    weights_from, events_dir, and Ray's max_restarts / max_task_retries."""
+    p = cfg.policy
+    restarts = {k: options.pop(k) for k in ("max_restarts", "max_task_retries") if k in options}
+    return [PolicyServer.options(**placement.options("policy_server", cfg.resources.policy_server), **restarts).remote(
+        model_path, engine=p.engine, max_batch=p.max_batch, batch_wait_ms=p.batch_wait_ms, batching=p.batching,
+        version=version, device=p.device, dtype=p.dtype, seed=cfg.seed, **p.engine_options(), **options)
+        for _ in range(p.replicas)]

@@ -11,6 +11,7 @@
     whale status runs/x             where a run stands, from its run directory alone
     whale report runs/x             runs/x/report/index.html (also written at the end of every run)
     whale compare runs/study        one table per condition over seeds, plots and a page: runs/study/compare/
+    whale calibrate --model DIR --out calib.json    θ0's pass@1 / pass@k under h0 on D_weight, by difficulty
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     study.add_argument("--max-concurrent", type=int, help="pairs side by side (default: as many as the cluster holds)")
     study.add_argument("--root", type=Path, default=Path("runs/study"), help="folder of the pairs' run directories")
     study.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    add_calibrate_parser(sub)
     return parser.parse_args(argv)
 
 
@@ -174,6 +176,38 @@ def add_model_parser(sub: Any) -> None:
     imp.add_argument("--out", type=Path, required=True, help="the checkpoint directory to write")
     imp.add_argument("--dtype", choices=DTYPES, default=DTYPES[0], help="the saved weights' dtype (default float32)")
     imp.add_argument("--force", action="store_true", help="replace what --out holds if it is not this import")
+
+
+# calibrate flag -> dotted config key
+CALIBRATE_KEYS = {"domain": "domain", "model": "policy.model", "engine": "policy.engine", "seed": "seed",
+                  "isolation": "sandbox.isolation", "evaluators": "sandbox.evaluators", "slots": "sandbox.slots",
+                  "wall_s": "sandbox.wall_s"}
+
+
+def add_calibrate_parser(sub: Any) -> None:
+    from whale_ray.calibrate import SPLITS
+
+    cal = sub.add_parser("calibrate", help="θ0's pass@1 and pass@k under a harness on a split, by difficulty, through "
+                                           "the run's own rollout path (whale_ray/calibrate.py)")
+    cal.add_argument("--config", type=Path, help="YAML config (domain, data sizes, policy, sandbox); flags override it")
+    cal.add_argument("--domain", help=helps("the domain", "domain"))
+    cal.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (default: embedded tiny policy)")
+    cal.add_argument("--engine", choices=choices("policy.engine"), help=helps("policy engine", "policy.engine"))
+    cal.add_argument("--harness", type=Path, help="the harness, one Python file (default: the domain's h0)")
+    cal.add_argument("--split", choices=SPLITS, default="weight", help="the split (default weight: D_weight)")
+    cal.add_argument("--tasks", type=int, help="only the split's first N tasks (default: all of them)")
+    cal.add_argument("--k", type=int, default=8, help="episodes per task, each at the harness's sampling (default 8)")
+    cal.add_argument("--by", help="the public task field to break down by (default: the domain's difficulty field)")
+    cal.add_argument("--seed", type=int, help=helps("data and episode seed", "seed"))
+    cal.add_argument("--out", type=Path, help="write the table here: .json, else CSV; the episodes go beside it "
+                                              "(<out>.rollouts.parquet)")
+    cal.add_argument("--evaluators", type=_evaluators, help=helps("SandboxEvaluator actors", "sandbox.evaluators"))
+    cal.add_argument("--slots", type=int, help=helps("concurrent sandboxes per evaluator", "sandbox.slots"))
+    cal.add_argument("--wall-s", type=float, help=helps("wall-clock limit of one episode, model calls included",
+                                                        "sandbox.wall_s"))
+    cal.add_argument("--isolation", choices=choices("sandbox.isolation"), help=helps("sandbox isolation",
+                                                                                     "sandbox.isolation"))
+    cal.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
 
 
 def add_serve_parser(sub: Any) -> None:
@@ -352,6 +386,13 @@ def cmd_model_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from whale_ray.calibrate import calibrate_command
+
+    cfg = load_config(args.config, {key: getattr(args, flag) for flag, key in CALIBRATE_KEYS.items()})
+    return calibrate_command(cfg, args, console)
+
+
 def cmd_doctor() -> int:
     from whale_ray.doctor import doctor_report, format_doctor
 
@@ -402,6 +443,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, as results record it
     try:
         if args.command == "run":
             return cmd_run(args)
@@ -423,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_report(args)
         if args.command == "compare":
             return cmd_compare(args)
+        if args.command == "calibrate":
+            return cmd_calibrate(args)
     except (ConfigError, InputError, ResourceError) as e:
         console.print(f"[red]whale: error:[/red] {e}", highlight=False, soft_wrap=True)  # one line, however long
         return 2

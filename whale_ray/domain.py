@@ -176,6 +176,8 @@ class Domain(ABC):
     warmstart_version: ClassVar[str]
     # How a final answer is marked; None when the verifier reads the whole response (chess: UCI moves).
     answer_format: ClassVar[AnswerFormat | None] = None
+    # The public task field that grades difficulty (math: "steps"), for breakdowns such as `whale calibrate`'s.
+    difficulty_field: ClassVar[str | None] = None
     # The domain's own config sections; the default has none.
     config_model: ClassVar[type[DomainConfig]] = DomainConfig
 

@@ -20,6 +20,7 @@ class ChessDomain(Domain):
     name = "chess_puzzles"
     folder = Path(__file__).resolve().parent
     warmstart_version = "2"
+    difficulty_field = "moves"  # the solver's moves in the line
 
     def load_splits(self, data_config: DataSpec, seed: int) -> Splits:
         return data.load_splits(data_config, seed)

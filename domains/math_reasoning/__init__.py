@@ -16,6 +16,7 @@ class MathDomain(Domain):
     folder = Path(__file__).resolve().parent
     warmstart_version = "2"
     answer_format = AnswerFormat("\\boxed{", "}")
+    difficulty_field = "steps"
 
     def load_splits(self, data_config: DataSpec, seed: int) -> Splits:
         return data.load_splits(data_config, seed)

@@ -26,6 +26,7 @@ class SearchQADomain(Domain):
     folder = Path(__file__).resolve().parent
     warmstart_version = "1"
     answer_format = AnswerFormat("<answer>", "</answer>")
+    difficulty_field = "group"  # generated-1hop / generated-2hop, or the benchmark of a file
     config_model = SearchQAConfig
 
     def load_splits(self, data_config: DataSpec, seed: int) -> Splits:

@@ -7,10 +7,11 @@ answer nor the verifier ever reaches an evaluator's sandbox.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, Callable
 
+from whale_ray.domain import Domain
 from whale_ray.loop.context import EpisodeWork, RunContext
-from whale_ray.records import EpisodeJob, Rollout, Task
+from whale_ray.records import EpisodeJob, EpisodeResult, Rollout, Task
 
 
 def episode_seed(*parts: Any) -> int:
@@ -64,13 +65,19 @@ def rollout_many(ctx: RunContext, work: list[tuple[str, list[Task], int]], *, ph
 
     results = ctx.roles.pool.run(items, on_done)
     return [
-        [Rollout.from_episode(ep, phase=phase, cycle=cycle, harness_id=harness_id, task=task, sample=sample, seed=seed,
-                              weight_version=version,
-                              reward=ctx.verifier(task, ep.answer) if ep.status == "ok" else 0.0,
-                              metrics=ctx.domain.episode_metrics(task, ep))
+        [scored(ep, task, ctx.verifier, ctx.domain, phase=phase, cycle=cycle, harness_id=harness_id, sample=sample,
+                seed=seed, weight_version=version)
          for (task, sample, seed), ep in zip(meta, episodes)]
         for (harness_id, meta), episodes in zip(plans, results)
     ]
+
+
+def scored(ep: EpisodeResult, task: Task, verifier: Callable[[Task, str | None], float], domain: Domain,
+           **fields: Any) -> Rollout:
+    """One episode as a Rollout: the verifier reads only an answer the harness returned (status ok), and the
+    domain adds its per-episode metrics. `fields`: phase, cycle, harness_id, sample, seed, weight_version."""
+    reward = verifier(task, ep.answer) if ep.status == "ok" else 0.0
+    return Rollout.from_episode(ep, task=task, reward=reward, metrics=domain.episode_metrics(task, ep), **fields)
 
 
 def rollout(ctx: RunContext, harness_id: str, tasks: list[Task], *, samples: int, phase: str, cycle: int,
