@@ -165,6 +165,9 @@ def run_calibration(cfg: WhaleConfig, model: str, *, harness: Path, split: str, 
     splits = domain.load_splits(cfg.data, cfg.seed)
     chosen = getattr(splits, split)[:tasks]
     grading = difficulty_field(domain, chosen, by)
+    settings = {"domain": cfg.domain, "model": model, "harness": str(harness), "split": split, "tasks": len(chosen),
+                "k": k, "by": grading, "seed": cfg.seed, "engine": cfg.policy.engine,
+                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit()}
     name = harness.stem
     jobs = [EpisodeJob(task=t, seed=episode_seed(cfg.seed, "calibrate", name, t.id, s)) for t in chosen for s in range(k)]
     cfg = cfg.model_copy(update={"run_dir": Path(tempfile.mkdtemp(prefix="whale-calibrate-"))})  # services' events
@@ -197,9 +200,6 @@ def run_calibration(cfg: WhaleConfig, model: str, *, harness: Path, split: str, 
         rollouts_path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(rollouts_to_table(rollouts), rollouts_path)
     marker = domain.answer_format.open if domain.answer_format is not None else None
-    settings = {"domain": cfg.domain, "model": model, "harness": str(harness), "split": split, "tasks": len(chosen),
-                "k": k, "by": grading, "seed": cfg.seed, "engine": cfg.policy.engine,
-                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit()}
     return Calibration(settings, summarize(rollouts, chosen, k, grading, marker))
 
 
