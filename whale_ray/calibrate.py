@@ -231,7 +231,7 @@ def check_inputs(cfg: WhaleConfig, harness: Path | None, split: str, tasks: int 
     """The harness to run, after checking every input before Ray starts; ValueError (one line, naming the input)."""
     from whale_ray.domain import get_domain
     from whale_ray.harness import HarnessError, load_harness_file
-    from whale_ray.policy.tiny import check_checkpoint_dir
+    from whale_ray.policy.checkpoint import check_checkpoint
 
     if k < 1:
         raise ValueError(f"--k {k}: needs at least one episode per task")
@@ -247,7 +247,7 @@ def check_inputs(cfg: WhaleConfig, harness: Path | None, split: str, tasks: int 
     except HarnessError as e:
         raise ValueError(str(e)) from None
     if cfg.policy.model is not None:
-        check_checkpoint_dir(cfg.policy.model)  # CheckpointError: a ValueError naming the directory
+        check_checkpoint(cfg.policy.model)  # CheckpointError: a ValueError naming the directory
     return path
 
 
