@@ -170,7 +170,10 @@ def run_calibration(cfg: WhaleConfig, model: str, *, harness: Path, split: str, 
                 "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit()}
     name = harness.stem
     jobs = [EpisodeJob(task=t, seed=episode_seed(cfg.seed, "calibrate", name, t.id, s)) for t in chosen for s in range(k)]
-    cfg = cfg.model_copy(update={"run_dir": Path(tempfile.mkdtemp(prefix="whale-calibrate-"))})  # services' events
+    # a domain's services (search_qa's retriever) write their events under run_dir: a folder of their own
+    cfg = cfg.model_copy(update={"run_dir": Path(tempfile.mkdtemp(prefix="whale-calibrate-"))}, deep=True)
+    if cfg.resources.policy_server.num_gpus == 0 and ray.cluster_resources().get("GPU", 0) >= 1:
+        cfg.resources.policy_server.num_gpus = 1  # no Trainer shares it here: the server takes a GPU when there is one
     placement = Placement()
     policies = start_policy_servers(cfg, model, placement)
     services = domain.start_services(cfg, splits, placement)
