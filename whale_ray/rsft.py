@@ -9,10 +9,12 @@ completion tokens of a step (a token mean over the whole step, not a mean of per
 examples, accumulating gradients over micro-batches so any number of examples fits in memory; the
 gradient equals the one of a single big batch. Its global norm is clipped to `max_grad_norm`, and the rate
 ramps up linearly over the learner's first `warmup_steps` updates, counted over its whole life (saved with the
-optimizer state, so a resumed run, another weight phase or a new Ray Train run goes on where the ramp was). It also runs data-parallel: give it `rank`/`world_size`
-and a `wrap_model` (DDP; `ray.train.torch.prepare_model`), and every rank passes the *whole* example
-list — each takes its shard `examples[rank::world_size]` (after a length sort), and the global token
-count that normalises the loss is computed locally from the full list, so no extra collective is needed.
+optimizer state, so a resumed run, another weight phase or a new Ray Train run goes on where the ramp was).
+`precision` bfloat16 runs the passes under bf16 autocast; the weights and AdamW's state stay float32.
+It also runs data-parallel: give it `rank`/`world_size` and a `wrap_model` (DDP;
+`ray.train.torch.prepare_model`), and every rank passes the *whole* example list — each takes its shard
+`examples[rank::world_size]` (after a length sort), and the global token count that normalises the loss is
+computed locally from the full list, so no extra collective is needed.
 """
 
 from __future__ import annotations
