@@ -47,6 +47,21 @@ def test_a_checkpoint_the_policy_server_cannot_load_ends_the_run_in_one_line(tmp
     assert not (run_dir / "config.yaml").exists() and not (run_dir / "state.json").exists()  # no run recorded
 
 
+def test_a_base_checkpoint_without_a_chat_template_ends_the_run_at_its_first_start(tmp_path, ray_cluster, tiny_policy):
+    """The issue's case at the Coordinator (whatever `whale run` checks up front): the PolicyServer's CheckpointError
+    is bad input, so the first start ends the run, with no roll-back."""
+    model = tmp_path / "base"
+    shutil.copytree(tiny_policy, model)
+    (model / "chat_template.jinja").unlink()
+    cfg = small_config(tmp_path / "run", condition="mh_only", cycles=1, sandbox__isolation="unsafe_none")
+    coordinator = Coordinator(cfg, str(model))
+    with pytest.raises(StartFailed, match="^the PolicyServer could not start: policy checkpoint .*: the tokenizer has "
+                                          "no chat template$"):
+        coordinator.run()
+    assert [e["kind"] for e in read_events(cfg.run_dir)] == ["start_failed"] and coordinator.recoveries == 0
+    assert not (cfg.run_dir / "config.yaml").exists()
+
+
 def test_the_same_start_error_twice_in_a_row_ends_the_run(tmp_path, ray_cluster, tiny_policy):
     """A PolicyServer on a device that does not exist fails with an error that is no bad-input type: the first
     start counts as a fault (one roll-back), the second, identical, ends the run."""
