@@ -31,7 +31,7 @@ def input_error_types() -> tuple[type[BaseException], ...]:
     from whale_ray.domain import DataError
     from whale_ray.harness import HarnessError
     from whale_ray.launch import InputError
-    from whale_ray.policy import CheckpointError
+    from whale_ray.policy.checkpoint import CheckpointError
     from whale_ray.proposers.base import ProposerError
     from whale_ray.resources import ResourceError
 

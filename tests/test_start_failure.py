@@ -39,7 +39,7 @@ def test_a_checkpoint_the_policy_server_cannot_load_ends_the_run_in_one_line(tmp
     assert len(lines) == 1, result.stdout
     line = lines[0]
     assert line.startswith("whale: error: the PolicyServer could not start on ") and model in line, line
-    assert "SafetensorError" in line, line
+    assert "SafetensorError" in line or "could not be loaded" in line, line  # the weights, named by the reader or loader
     assert "Traceback" not in result.stdout + result.stderr
     events = read_events(run_dir)
     assert [e["kind"] for e in events] == ["start_failed"], events
@@ -56,7 +56,7 @@ def test_a_base_checkpoint_without_a_chat_template_ends_the_run_at_its_first_sta
     cfg = small_config(tmp_path / "run", condition="mh_only", cycles=1, sandbox__isolation="unsafe_none")
     coordinator = Coordinator(cfg, str(model))
     with pytest.raises(StartFailed, match="^the PolicyServer could not start: policy checkpoint .*: the tokenizer has "
-                                          "no chat template$"):
+                                          "no chat template"):
         coordinator.run()
     assert [e["kind"] for e in read_events(cfg.run_dir)] == ["start_failed"] and coordinator.recoveries == 0
     assert not (cfg.run_dir / "config.yaml").exists()
