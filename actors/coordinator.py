@@ -15,6 +15,9 @@ Faults, in two layers (each written to `<run_dir>/events.jsonl`):
 2. anything else that kills a role mid-call (restarts used up, a Trainer back at an older version): the
    run goes back to its last commit and goes on in the same launch, with every actor started afresh,
    exactly as a relaunch would resume it: nothing is lost and nothing counted twice.
+An actor whose constructor fails is not a fault when the failure is the input's (actors/start_failure.py): a
+bad-input error, or the same error on two starts in a row, ends the run at once with `StartFailed`, one line
+naming the input, before the run directory records a run.
 """
 
 from __future__ import annotations
@@ -29,15 +32,18 @@ from actors.evaluator_pool import EvaluatorPool
 from actors.harness_proposer import HarnessProposer
 from actors.policy_server import start_policy_servers
 from actors.sandbox_evaluator import PolicyLost
+from actors.start_failure import StartFailure, start_failure
 from actors.trainer import StaleTrainer, Trainer
 from actors.weight_broadcast import ByBroadcast, WeightBroadcaster
 from whale_ray.config import WhaleConfig
 from whale_ray.domain import get_domain
 from whale_ray.events import EventLog
+from whale_ray.launch import InputError
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
 from whale_ray.policy.weight_broadcast import WeightBroadcastError
 from whale_ray.proposers.registry import proposer_options
 from whale_ray.resources import Placement, RoleResources, check_cluster, trainer_bundle
+from whale_ray.rsft_defaults import resolve_run_config
 from whale_ray.run_state import CycleRow
 from whale_ray.schedules import has_phase
 
@@ -45,6 +51,11 @@ log = logging.getLogger(__name__)
 
 # A role lost mid-call: roll back to the last commit and go on (layer 2 above).
 FAULTS = (RayActorError, ActorUnavailableError, StaleTrainer, PolicyLost, WeightBroadcastError)
+
+
+class StartFailed(InputError):
+    """An actor of the run cannot start on its input (a bad-input error, or the same error on two starts in a
+    row); the message is one line naming it. `whale run` prints it and exits 2."""
 
 
 class _Remote:
@@ -92,15 +103,19 @@ class _Replicas:
 class Coordinator:
     def __init__(self, cfg: WhaleConfig, base_model: str, placement: Placement | None = None):
         """`placement` puts every actor of the run (default: anywhere on the cluster by its role's resources)."""
-        self.cfg, self.base_model = cfg, base_model
+        # the optimiser's settings the config leaves to the run: the run's recorded ones, else chosen for the checkpoint
+        self.cfg = resolve_run_config(cfg, base_model, RunDirectory(cfg.run_dir).recorded_config())
+        self.base_model = base_model
         self.placement = placement or Placement()
         self.trains = has_phase(cfg, "weight")
-        check_cluster(cfg, self.trains)  # a role no node can hold is an error now, not an actor pending for ever
+        check_cluster(self.cfg, self.trains)  # a role no node can hold is an error now, not an actor pending for ever
         self.events = EventLog(cfg.run_dir)
         self.domain = get_domain(cfg.domain)
         self.splits = self.domain.load_splits(cfg.data, cfg.seed)
         self.recoveries = 0
         self.pool: EvaluatorPool | None = None  # kept across a roll-back for the cluster it last saw
+        self.loop: WhaleLoop | None = None
+        self._last_start_failure: StartFailure | None = None
         self._start()
 
     def _start(self) -> None:
@@ -117,8 +132,6 @@ class Coordinator:
                 self.base_model, cfg.weight, str(run.root / "trainer"), seed=cfg.seed,
                 resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu), events_dir=str(run.root),
                 empty_cache_after_step=p.engine == "vllm" and p.sleep_level > 0)
-            if checkpoint:
-                ray.get(self.trainer.load_checkpoint.remote(checkpoint))
         self.policies = start_policy_servers(cfg, checkpoint or self.base_model, place, version=state.weight_version,
                                              weights_from=self.trainer, events_dir=str(run.root), **restarts)
         self.broadcaster = None
@@ -143,7 +156,31 @@ class Coordinator:
             trainer = _Remote(self.trainer, by_ref=("latest_weights",))
         roles = Roles(policy=_Replicas(self.policies, self.broadcaster), pool=self.pool,
                       proposer=_Remote(self.proposer), trainer=trainer)
-        self.loop = WhaleLoop(cfg, roles, run, self.domain, self.splits)
+        # each actor to wait for, named, with what it was started on (a start failure's line names it)
+        starting = [("Trainer", self.trainer, self.base_model)] if self.trainer is not None else []
+        starting += [("PolicyServer", h, checkpoint or self.base_model) for h in self.policies]
+        starting += [("HarnessProposer", self.proposer, None), *((n, h, None) for n, h in self.services.items())]
+        self._starting = (starting, run, roles, checkpoint)
+
+    def _await_start(self) -> None:
+        """Waits for the actors `_start` made to be constructed, so that a constructor's error surfaces here, named
+        (StartFailure), not in whichever call first reaches the dead actor; then the Trainer takes the weights on
+        record and the loop is made (a run directory that holds no run yet gets its config.yaml now)."""
+        starting, run, roles, checkpoint = self._starting
+        for role, handle, given in starting:
+            if not isinstance(handle, ray.actor.ActorHandle):
+                continue
+            try:  # no retries: a constructor's error is final, and a retry would print it once more
+                ray.get(handle.__ray_ready__.options(max_task_retries=0).remote())
+            except RayActorError as e:
+                failure = start_failure(role, e, given)
+                if failure is None:
+                    raise
+                raise failure from None
+        self._last_start_failure = None
+        if self.trainer is not None and checkpoint:
+            ray.get(self.trainer.load_checkpoint.remote(checkpoint))
+        self.loop = WhaleLoop(self.cfg, roles, run, self.domain, self.splits)
 
     def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
         """Runs (or resumes) the schedule, riding out lost actors (see the module docstring); however it ends,
@@ -151,15 +188,31 @@ class Coordinator:
         try:
             while True:
                 try:
-                    if self.loop is None:  # after a roll-back
-                        self._start()
-                        self.events.emit("recovered", "the run's actors are up again at the last commit",
-                                         weight_version=self.loop.state.weight_version)
+                    if self.loop is None:
+                        rolled_back = self._starting is None
+                        if rolled_back:
+                            self._start()
+                        self._await_start()
+                        if rolled_back:
+                            self.events.emit("recovered", "the run's actors are up again at the last commit",
+                                             weight_version=self.loop.state.weight_version)
                     return self.loop.run(on_cycle)
+                except StartFailure as e:
+                    self._start_failed(e)
                 except FAULTS as e:
                     self._roll_back(e)
         finally:
             self.shutdown()
+
+    def _start_failed(self, failure: StartFailure) -> None:
+        """Ends the run if the failure is the input's (see the module docstring), else rolls back as for a fault."""
+        repeated = failure.same_as(self._last_start_failure)
+        if failure.is_input_error or repeated:
+            line = failure.line(repeated)
+            self.events.emit("start_failed", line, actor=failure.role, error=failure.type_name, input=failure.input)
+            raise StartFailed(line) from None
+        self._last_start_failure = failure
+        self._roll_back(failure)
 
     def _roll_back(self, fault: BaseException) -> None:
         cause = getattr(fault, "cause", None) or fault  # a RayTaskError names the actor's own exception
@@ -175,11 +228,12 @@ class Coordinator:
                          f"goes on with fresh actors (recovery {self.recoveries} of {self.cfg.faults.max_recoveries})",
                          cycle=where["cycle"], phase=where["phase"], error=type(cause).__name__)
         self.shutdown()
-        self.loop = None
+        self.loop = self._starting = None
 
     def snapshot(self, events_after: int = 0) -> dict[str, Any]:
-        if self.loop is None:  # between a roll-back and the actors' new start
-            return {"progress": {"cycle": 0, "cycles": 0, "phase": "recovering", "detail": "", "done": 0, "total": 0},
+        if self.loop is None:  # while the actors start (the first time, or after a roll-back)
+            phase = "recovering" if self.recoveries else "starting"
+            return {"progress": {"cycle": 0, "cycles": 0, "phase": phase, "detail": "", "done": 0, "total": 0},
                     "history": [], "ledger": {}, "phase_wall_s": {}, "best": None,
                     "events": self.events.since(events_after)}
         state = self.loop.state
@@ -219,6 +273,7 @@ class CoordinatorActor:
         self._coordinator = Coordinator(cfg, base_model)
 
     def run(self) -> list[dict[str, Any]]:
+        """The run's rows; a StartFailed reaches the caller as the cause of Ray's RayTaskError."""
         return [r.model_dump() for r in self._coordinator.run()]
 
     def snapshot(self, events_after: int = 0) -> dict[str, Any]:

@@ -61,6 +61,7 @@ from whale_ray.policy.weight_broadcast import GroupSpec, Sender, WeightBroadcast
 from whale_ray.policy.weight_sync import SharedWeights, Sharer
 from whale_ray.resources import ResourcesConfig
 from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
+from whale_ray.rsft_defaults import describe_checkpoint, resolve_weight_phase
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,12 @@ def _check_version(have: int, want: int | None, what: str) -> None:
         raise StaleTrainer(f"{what}: the Trainer holds weight version {have}, the run expects {want}")
 
 
-def _learner_kwargs(w: WeightPhaseConfig, seed: int, max_len: int | None) -> dict[str, Any]:
-    return {"lr": w.learning_rate, "micro_batch": w.micro_batch, "epochs_per_step": w.sft_epochs_per_step,
+def _learner_kwargs(w: WeightPhaseConfig, model_path: str, seed: int, max_len: int | None) -> dict[str, Any]:
+    """The learner's settings; the optimiser's, where the config leaves them unset, as a run would resolve them
+    (whale_ray/rsft_defaults.py; a run's Coordinator has resolved them already)."""
+    w = resolve_weight_phase(w, describe_checkpoint(model_path))
+    return {"lr": w.learning_rate, "warmup_steps": w.warmup_steps, "max_grad_norm": w.max_grad_norm,
+            "precision": w.precision, "micro_batch": w.micro_batch, "epochs_per_step": w.sft_epochs_per_step,
             "seed": seed, "max_len": max_len}
 
 
@@ -92,7 +97,7 @@ def _examples(examples: list) -> list[SFTExample]:
 def _no_op_metrics(version: int) -> dict[str, Any]:
     return {"trained": False, "n_examples": 0, "n_tokens": 0, "n_truncated": 0, "step": version,
             "version": version, "loss": float("nan"), "last_epoch_loss": float("nan"), "grad_norm": 0.0,
-            "wall_s": 0.0}
+            "clipped": False, "wall_s": 0.0}
 
 
 def _check_checkpoint(path: Path) -> None:
@@ -108,7 +113,7 @@ class LocalTrainer:
                  device: str | None = None, max_len: int | None = None) -> None:
         self.checkpoint_dir = Path(checkpoint_dir)
         device = device or ("cuda" if cfg.use_gpu else "cpu")
-        self.learner = RSFTLearner(model_path, device=device, **_learner_kwargs(cfg, seed, max_len))
+        self.learner = RSFTLearner(model_path, device=device, **_learner_kwargs(cfg, model_path, seed, max_len))
 
     def version(self) -> int:
         return self.learner.step
@@ -323,7 +328,7 @@ class Trainer:
         self._torch_config = TorchConfig(backend="nccl" if w.use_gpu else "gloo")
         sync = w.weight_sync if w.weight_sync == "broadcast" or w.use_gpu else "object_store"
         self._trainer_cfg = {"model_path": str(Path(model_path).resolve()),
-                             "learner": _learner_kwargs(cfg, seed, max_len),
+                             "learner": _learner_kwargs(cfg, model_path, seed, max_len),
                              "weight_sync": sync,
                              "empty_cache": empty_cache_after_step}
         self._session: _Session | None = None

@@ -19,6 +19,7 @@ from tests.run_truth import (
     rollout_names,
 )
 from whale_ray.archive import Archive
+from whale_ray.config import load_recorded_config
 from whale_ray.domain import builtin_domain_names, get_domain
 from whale_ray.run_state import RunState
 
@@ -58,6 +59,10 @@ def study_config(tmp_path, condition: str, domain: str, **more):
 def test_condition_runs_its_phases(domain, condition, tmp_path, ray_cluster, embedded_policy):
     cfg = study_config(tmp_path, condition, domain)
     check_condition_run(cfg, Coordinator(cfg, embedded_policy(domain)).run())
+    # the optimiser's settings the config left unset, on record as the embedded policy's (rsft_defaults.py)
+    weight = load_recorded_config(cfg.run_dir / "config.yaml").weight
+    assert (weight.learning_rate, weight.warmup_steps, weight.max_grad_norm, weight.precision) == (
+        3e-4, 0, 1.0, "float32")
 
 
 def check_condition_run(cfg, history) -> None:

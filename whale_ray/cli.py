@@ -277,12 +277,13 @@ def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
                    TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console)
     task = bar.add_task("run", total=None, head="starting", detail="")
     shown, seen = None, 0
-    with Live(bar, console=console, refresh_per_second=4):
+    with Live(bar, console=console, refresh_per_second=4) as live:
         while True:
             ready, _ = ray.wait([run_ref], timeout=0.5)
             snap = ray.get(coordinator.snapshot.remote(seen))
             for event in snap["events"]:  # faults and recoveries, as they happen (all in events.jsonl)
-                console.print(f"[yellow]{event['kind']}[/yellow]: {event['message']}", highlight=False)
+                if event["kind"] != "start_failed":  # it ends the run: its line is the error cmd_run prints
+                    console.print(f"[yellow]{event['kind']}[/yellow]: {event['message']}", highlight=False)
                 seen = event["seq"]
             p = snap["progress"]
             bar.update(task, head=f"cycle {p['cycle']}/{p['cycles']} {p['phase']}", detail=p["detail"],
@@ -294,7 +295,11 @@ def watch(coordinator: Any, run_ref: Any) -> list[dict[str, Any]]:
                 console.print(cycle_line(CycleRow(**row)), highlight=False)
             shown = max(shown, len(rows))  # none while a roll-back restarts the actors
             if ready:
-                return ray.get(run_ref)
+                try:
+                    return ray.get(run_ref)
+                except BaseException:
+                    live.transient = True  # the run ends with its error's line, not with a stale progress bar
+                    raise
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -327,7 +332,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         # the endpoint first (it serves θ0 until the first checkpoint), down after the run however it ends
         with run_endpoint(cfg, model, console.print) if cfg.serve.enabled else contextlib.nullcontext():
             coordinator = start_coordinator(cfg, model)
-            watch(coordinator, coordinator.run.remote())
+            try:
+                watch(coordinator, coordinator.run.remote())
+            except ray.exceptions.RayTaskError as e:
+                if isinstance(e.cause, InputError):  # an actor that cannot start on its input: its one line
+                    raise e.cause from None
+                raise
     finally:
         ray.shutdown()
     state = RunState.load(cfg.run_dir)

@@ -102,7 +102,15 @@ class WeightPhaseConfig(_Strict):
     # Sampling (temperature, top-k) is the harness' to decide: it is part of the agent being optimised.
     samples_per_prompt: int = Field(8, gt=0)  # k
     prompts_per_step: int = Field(16, gt=0)
-    learning_rate: float = Field(3e-4, gt=0)
+    # The optimiser's settings: None ("auto") leaves each to the run, which chooses it from the checkpoint (its size,
+    # or the embedded policy) and use_gpu when it starts (whale_ray/rsft_defaults.py) and writes the choice into the
+    # run directory's config.yaml; a resumed run keeps what its config.yaml holds.
+    learning_rate: Optional[float] = Field(None, gt=0)
+    warmup_steps: Optional[int] = Field(None, ge=0)  # the run's first N optimizer updates ramp the rate up linearly
+    max_grad_norm: Optional[float] = Field(None, gt=0)  # the gradient's global norm is clipped to this
+    # bfloat16: the forward and backward passes under bf16 autocast; weights and AdamW state stay float32, so an
+    # update far below bf16's resolution of a weight (lr 1e-6) is not rounded away
+    precision: Literal["auto", "float32", "bfloat16"] = "auto"
     micro_batch: int = Field(32, gt=0)
     sft_epochs_per_step: int = Field(1, gt=0)
     num_workers: int = Field(1, gt=0)  # Ray Train workers
@@ -343,8 +351,9 @@ class EvalConfig(_Strict):
     val_samples: int = Field(4, gt=0)
 
 
-# 1: before the domain plug-ins (retrieval/judge written for every domain); 2: a domain's sections only for it
-CONFIG_VERSION = 2
+# 1: before the domain plug-ins (retrieval/judge written for every domain); 2: a domain's sections only for it;
+# 3: weight.warmup_steps, max_grad_norm and precision, and the optimiser's settings chosen by the run when unset
+CONFIG_VERSION = 3
 
 
 class WhaleConfig(_Strict):
@@ -514,6 +523,10 @@ def upgrade_config_tree(tree: dict[str, Any]) -> dict[str, Any]:
         for key in ("retrieval", "judge"):
             if key not in owned:
                 tree.pop(key, None)
+    if version < 3:  # the settings every run trained with before they were keys
+        weight = tree["weight"] = dict(tree.get("weight") or {})
+        for key, value in {"learning_rate": 3e-4, "warmup_steps": 0, "max_grad_norm": 1.0, "precision": "float32"}.items():
+            weight.setdefault(key, value)
     tree["config_version"] = CONFIG_VERSION
     return tree
 

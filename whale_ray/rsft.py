@@ -7,10 +7,14 @@ completion tokens of a step (a token mean over the whole step, not a mean of per
 
 `RSFTLearner.train_step(examples)` makes one AdamW update per epoch (`epochs_per_step`) over the step's
 examples, accumulating gradients over micro-batches so any number of examples fits in memory; the
-gradient equals the one of a single big batch. It also runs data-parallel: give it `rank`/`world_size`
-and a `wrap_model` (DDP; `ray.train.torch.prepare_model`), and every rank passes the *whole* example
-list — each takes its shard `examples[rank::world_size]` (after a length sort), and the global token
-count that normalises the loss is computed locally from the full list, so no extra collective is needed.
+gradient equals the one of a single big batch. Its global norm is clipped to `max_grad_norm`, and the rate
+ramps up linearly over the learner's first `warmup_steps` updates, counted over its whole life (saved with the
+optimizer state, so a resumed run, another weight phase or a new Ray Train run goes on where the ramp was).
+`precision` bfloat16 runs the passes under bf16 autocast; the weights and AdamW's state stay float32.
+It also runs data-parallel: give it `rank`/`world_size` and a `wrap_model` (DDP;
+`ray.train.torch.prepare_model`), and every rank passes the *whole* example list — each takes its shard
+`examples[rank::world_size]` (after a length sort), and the global token count that normalises the loss is
+computed locally from the full list, so no extra collective is needed.
 """
 
 from __future__ import annotations
@@ -143,17 +147,20 @@ class RSFTLearner:
     def __init__(
         self, model_path: str | Path, *, lr: float, micro_batch: int, epochs_per_step: int = 1, seed: int = 0,
         device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, max_len: int | None = None,
-        weight_decay: float = 0.0, max_grad_norm: float = 1.0, rank: int = 0, world_size: int = 1,
-        wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+        weight_decay: float = 0.0, max_grad_norm: float = 1.0, warmup_steps: int = 0, precision: str = "float32",
+        rank: int = 0, world_size: int = 1, wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
         if micro_batch <= 0 or epochs_per_step <= 0:
             raise ValueError("micro_batch and epochs_per_step must be positive")
+        if precision not in ("float32", "bfloat16"):
+            raise ValueError(f"precision must be float32 or bfloat16, got {precision!r}")
         torch.manual_seed(seed)
         self.model_path = Path(model_path)
         self.lr, self.micro_batch, self.epochs_per_step, self.seed = lr, micro_batch, epochs_per_step, seed
         self.max_grad_norm, self.rank, self.world_size = max_grad_norm, rank, world_size
+        self.warmup_steps, self.precision = warmup_steps, precision
         self.device = device if isinstance(device, torch.device) else _resolve_device(device)
         self.dtype = dtype
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=dtype).to(self.device)
@@ -166,10 +173,22 @@ class RSFTLearner:
         self.train_model = wrap_model(self.model) if wrap_model is not None else self.model
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
         self.step = 0  # optimizer-steps-that-trained counter: one per train_step with examples
+        self.updates = 0  # AdamW updates made (epochs_per_step per step): the warm-up's clock
 
     # ------------------------------------------------------------------------------------ training
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in batch.items()}
+
+    def lr_at(self, update: int) -> float:
+        """The rate of update number `update` (0 = the learner's first): linear warm-up, then constant."""
+        if update < self.warmup_steps:
+            return self.lr * (update + 1) / self.warmup_steps
+        return self.lr
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision == "bfloat16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def _all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size > 1:
@@ -182,8 +201,9 @@ class RSFTLearner:
         """Train on one step's accepted examples; every rank passes the same full list.
 
         Metrics: loss (mean completion-token NLL before the update, i.e. over the first epoch),
-        last_epoch_loss, grad_norm (before clipping, last epoch), n_examples, n_tokens (trained
-        completion tokens), n_truncated, step, trained (False for a no-op)."""
+        last_epoch_loss, grad_norm (before clipping, last epoch), clipped (whether any epoch's norm was over
+        max_grad_norm), lr (the last update's rate, after warm-up), updates (AdamW updates so far), n_examples,
+        n_tokens (trained completion tokens), n_truncated, step, trained (False for a no-op)."""
         vocab = self.model.get_input_embeddings().num_embeddings
         for p, c in examples:
             bad = [t for t in (*p, *c) if not 0 <= t < vocab]
@@ -197,12 +217,13 @@ class RSFTLearner:
                         n_cut_completion, self.max_len)
         n_tokens = sum(n_target_tokens(p, c) for p, c in rows)
         metrics: dict[str, Any] = {
-            "n_examples": len(rows), "n_tokens": n_tokens, "n_truncated": n_truncated, "lr": self.lr,
-            "epochs": self.epochs_per_step, "world_size": self.world_size,
+            "n_examples": len(rows), "n_tokens": n_tokens, "n_truncated": n_truncated,
+            "epochs": self.epochs_per_step, "world_size": self.world_size, "max_grad_norm": self.max_grad_norm,
+            "precision": self.precision,
         }
         if n_tokens == 0:
-            return {**metrics, "trained": False, "step": self.step, "loss": math.nan,
-                    "last_epoch_loss": math.nan, "grad_norm": 0.0}
+            return {**metrics, "trained": False, "step": self.step, "updates": self.updates, "loss": math.nan,
+                    "last_epoch_loss": math.nan, "grad_norm": 0.0, "clipped": False, "lr": self.lr_at(self.updates)}
 
         # A length sort keeps padding low; the stride shard gives every rank a similar token count.
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]), reverse=True)
@@ -210,7 +231,7 @@ class RSFTLearner:
         chunks = [mine[i:i + self.micro_batch] for i in range(0, len(mine), self.micro_batch)] or [[]]
         scale = self.world_size / n_tokens  # DDP averages gradients over ranks: this makes it a global token mean
 
-        epoch_losses, grad_norm = [], 0.0
+        epoch_losses, grad_norm, clipped, lr = [], 0.0, False, self.lr
         for _ in range(self.epochs_per_step):
             self.optimizer.zero_grad(set_to_none=True)
             nll_sum = torch.zeros((), device=self.device, dtype=torch.float64)
@@ -219,19 +240,25 @@ class RSFTLearner:
                 no_sync = getattr(self.train_model, "no_sync", None)
                 with no_sync() if (no_sync is not None and not sync) else contextlib.nullcontext():
                     if chunk:
-                        nll, _ = completion_nll(self.train_model, self._to_device(collate(chunk, self.pad_id)))
+                        with self._autocast():
+                            nll, _ = completion_nll(self.train_model, self._to_device(collate(chunk, self.pad_id)))
                         (nll * scale).backward()
                         nll_sum += nll.detach().double()
                     else:  # this rank has no examples: a zero-weight pass so the DDP all-reduce still meets
                         ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.device)
                         (self.train_model(input_ids=ids).logits.sum() * 0.0).backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
+            clipped = clipped or grad_norm > self.max_grad_norm
+            lr = self.lr_at(self.updates)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
             self.optimizer.step()
+            self.updates += 1
             epoch_losses.append(float(self._all_reduce_sum(nll_sum)) / n_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return {**metrics, "trained": True, "step": self.step, "loss": epoch_losses[0],
-                "last_epoch_loss": epoch_losses[-1], "grad_norm": grad_norm}
+        return {**metrics, "trained": True, "step": self.step, "updates": self.updates, "loss": epoch_losses[0],
+                "last_epoch_loss": epoch_losses[-1], "grad_norm": grad_norm, "clipped": clipped, "lr": lr}
 
     @torch.no_grad()
     def evaluate_loss(self, examples: list[SFTExample]) -> float:
@@ -239,7 +266,8 @@ class RSFTLearner:
         rows = [truncate(p, c, self.max_len) for p, c in examples]
         total, n = 0.0, 0
         for i in range(0, len(rows), self.micro_batch):
-            nll, k = completion_nll(self.model, self._to_device(collate(rows[i:i + self.micro_batch], self.pad_id)))
+            with self._autocast():
+                nll, k = completion_nll(self.model, self._to_device(collate(rows[i:i + self.micro_batch], self.pad_id)))
             total, n = total + float(nll), n + k
         return total / n if n else math.nan
 
@@ -259,14 +287,17 @@ class RSFTLearner:
             if src.is_file() and src.resolve() != (path / name).resolve():
                 shutil.copy2(src, path / name)
         torch.save({"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}, path / OPTIMIZER_FILE)
-        state = {"format": "whale_ray.rsft/1", "step": self.step, "lr": self.lr, "micro_batch": self.micro_batch,
-                 "epochs_per_step": self.epochs_per_step, "seed": self.seed, "base_model": str(self.model_path)}
+        state = {"format": "whale_ray.rsft/1", "step": self.step, "updates": self.updates, "lr": self.lr,
+                 "warmup_steps": self.warmup_steps, "max_grad_norm": self.max_grad_norm, "precision": self.precision,
+                 "micro_batch": self.micro_batch, "epochs_per_step": self.epochs_per_step, "seed": self.seed,
+                 "base_model": str(self.model_path)}
         (path / STATE_FILE).write_text(json.dumps(state, indent=1))
         return path
 
     def load(self, path: str | Path) -> None:
-        """Restore model weights, optimizer state, RNG and step from a `save` directory (exact resume).
-        The learning rate stays the one this learner was built with (the config is the source of truth)."""
+        """Restore model weights, optimizer state, RNG, step and update count from a `save` directory (exact resume).
+        The learning rate, warm-up and clipping stay the ones this learner was built with (the config is the source
+        of truth); the warm-up goes on from the saved update count."""
         from transformers import AutoModelForCausalLM
 
         path = Path(path)
@@ -278,7 +309,9 @@ class RSFTLearner:
         del weights
         extra = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
         self.optimizer.load_state_dict(extra["optimizer"])
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
         torch.set_rng_state(extra["rng"])
         self.step = int(state["step"])
+        # a checkpoint from before the count was saved made epochs_per_step updates per step
+        self.updates = int(state.get("updates", self.step * int(state.get("epochs_per_step", self.epochs_per_step))))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr_at(self.updates)

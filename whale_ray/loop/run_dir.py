@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from whale_ray.config import ConfigError, WhaleConfig, dotted_keys, dump_config, load_recorded_config
 from whale_ray.records import Rollout, rollouts_to_table
+from whale_ray.rsft_defaults import RESOLVED_KEYS, unset
 from whale_ray.run_state import Evaluation, RolloutFile, RolloutPhase, RunState
 from whale_ray.storage import atomic_write_text
 
@@ -55,10 +56,16 @@ class RunDirectory:
         atomic_write_text(self.root / "config.yaml", dump_config(cfg))
         self.commit()
 
+    def recorded_config(self) -> WhaleConfig | None:
+        """The run's config.yaml (None: no run here yet)."""
+        path = self.root / "config.yaml"
+        return load_recorded_config(path) if path.is_file() else None
+
     def config_conflicts(self, cfg: WhaleConfig) -> list[str]:
         """The settings in which `cfg` differs from the run's config.yaml ("key: recorded -> given"). The
         recorded file is read through today's model, so a key that whale-ray gained since the run began
-        takes its default there and conflicts only if `cfg` sets it otherwise."""
+        takes its default there and conflicts only if `cfg` sets it otherwise. A setting the run resolves when
+        `cfg` leaves it unset (rsft_defaults.RESOLVED_KEYS) takes the recorded value then: no conflict."""
         path = self.root / "config.yaml"
         if not path.is_file():
             return []
@@ -68,7 +75,7 @@ class RunDirectory:
             return [f"config.yaml no longer loads ({e})"]
         given = dotted_keys(cfg.model_dump(mode="json"))
         return [f"{k}: {recorded.get(k)!r} -> {given.get(k)!r}" for k in sorted(set(recorded) | set(given))
-                if recorded.get(k) != given.get(k)]
+                if recorded.get(k) != given.get(k) and not (k in RESOLVED_KEYS and unset(given.get(k)))]
 
     def commit(self) -> None:
         """Puts everything written so far on record: one atomic rewrite of state.json. The time since the last
