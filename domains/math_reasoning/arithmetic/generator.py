@@ -38,7 +38,6 @@ OP_WORDS = {"+": "plus", "-": "minus", "*": "times"}
 QUESTION_FORMAT = "What is {words}?"
 
 # --- the warm-start formats: h0.py and skill.md state the same prompts and protocol (tests check the copies) --
-TOOL_MENTION = "python"
 TOOL_CALL_FORMAT = "```python\nprint({expression})\n```"
 OBSERVATION_FORMAT = "Output: {output}"
 STEP_FORMAT = "{left} {op} {right} = {result}."
