@@ -134,8 +134,8 @@ def test_h0_tool_protocol_in_words():
 
 def test_warmstart_follows_h0s_chat():
     h = h0()
-    assert (h["SYSTEM_PROMPT"], h["TOOL_PROMPT"], h["EXAMPLES"]) == (
-        generator.SYSTEM_PROMPT, generator.TOOL_PROMPT, generator.EXAMPLES)
+    assert (h["SYSTEM_PROMPT"], h["TOOL_PROTOCOL"], h["EXAMPLES"]) == (
+        generator.SYSTEM_PROMPT, generator.TOOL_PROTOCOL, generator.EXAMPLES)
     conversations = DOMAIN.warmstart_conversations(400, seed=0)
     assert conversations == DOMAIN.warmstart_conversations(400, seed=0)
     tool_source = (FOLDER / "h0.py").read_text().replace("OFFER_TOOLS = False", "OFFER_TOOLS = True")
@@ -143,7 +143,7 @@ def test_warmstart_follows_h0s_chat():
     for conv in conversations:
         question = next(m for m in conv[1:] if m["role"] == "user" and m["content"] not in generator.EXAMPLE_QUESTIONS)
         opening = conv[: conv.index(question) + 1]
-        tool = generator.TOOL_PROMPT in conv[0]["content"]
+        tool = generator.TOOL_PROTOCOL in conv[0]["content"]
         n_examples = (len(opening) - 2) // 2
         if conv[0]["content"].startswith(generator.SYSTEM_PROMPT):  # h0's prompt: h0's exact chat
             source = (tool_source if tool else (FOLDER / "h0.py").read_text()).replace(

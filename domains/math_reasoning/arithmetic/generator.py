@@ -12,7 +12,7 @@ seed (random.Random with string seeds, which do not depend on PYTHONHASHSEED).
 The warm-start conversations teach the embedded tiny policy this world's chat as h0 lays it out (its
 system prompts, worked examples and tool protocol, copied below), and what they ask conditions what it
 does, as a prompt would with any instruct model:
-  * TOOL_PROMPT in the system prompt -> one fenced python block printing the expression, the output back as
+  * TOOL_PROTOCOL in the system prompt -> one fenced python block printing the expression, the output back as
     a user message "Output: N", then the answer; otherwise one turn of working, "34 + 27 = 61. The answer
     is \\boxed{61}.", whose result is sometimes wrong at levels 2 and 3 (INLINE_ERROR_RATE);
   * the answer is boxed at BOXED_RATE[number of worked examples] (more examples, more boxes), at
@@ -38,7 +38,6 @@ OP_WORDS = {"+": "plus", "-": "minus", "*": "times"}
 QUESTION_FORMAT = "What is {words}?"
 
 # --- the warm-start formats: h0.py and skill.md state the same prompts and protocol (tests check the copies) --
-TOOL_MENTION = "python"
 TOOL_CALL_FORMAT = "```python\nprint({expression})\n```"
 OBSERVATION_FORMAT = "Output: {output}"
 STEP_FORMAT = "{left} {op} {right} = {result}."
@@ -47,7 +46,7 @@ PLAIN_ANSWER_FORMAT = "The answer is {answer}."
 OP_SIGNS = {"+": "+", "-": "-", "*": "x"}
 
 SYSTEM_PROMPT = "Answer the question. Put the final answer in \\boxed{}."  # h0's
-TOOL_PROMPT = ("You can run python: write a program in a ```python block that prints the result, and its output "
+TOOL_PROTOCOL = ("You can run python: write a program in a ```python block that prints the result, and its output "
                "comes back as \"Output: ...\".")
 EXAMPLES = (  # h0's worked examples, shown as earlier turns of the chat
     ("What is 2 plus 3?", "2 + 3 = 5. The answer is \\boxed{5}."),
@@ -59,7 +58,7 @@ EXAMPLE_QUESTIONS = frozenset(question for question, _ in EXAMPLES)
 SYSTEM_PROMPTS = (SYSTEM_PROMPT, "Answer the question.", "Answer the question. Work it out step by step. Put the final "
                   "answer in \\boxed{}.")
 
-TOOL_RATE = 0.25  # conversations whose system prompt offers python (TOOL_PROMPT appended)
+TOOL_RATE = 0.25  # conversations whose system prompt offers python (TOOL_PROTOCOL appended)
 EXAMPLE_COUNTS = (0, 1, 1, 2, 3)  # drawn per conversation: how many of EXAMPLES open it
 BOXED_MENTION = "\\boxed"
 BOXED_RATE = {0: 0.5, 1: 0.65, 2: 0.9, 3: 0.95}  # boxed answers by the number of worked examples; else plain
@@ -198,7 +197,7 @@ def reply(q: Question, tool: bool, boxed: bool, rng: random.Random) -> list[dict
 def conversation(q: Question, system_prompt: str, n_examples: int, tool: bool,
                  rng: random.Random) -> list[dict[str, str]]:
     """The chat h0's build_messages lays out (system prompt, worked examples, question), answered."""
-    msgs = [{"role": "system", "content": system_prompt + (" " + TOOL_PROMPT if tool else "")}]
+    msgs = [{"role": "system", "content": system_prompt + (" " + TOOL_PROTOCOL if tool else "")}]
     for question, answer in EXAMPLES[:n_examples]:
         msgs += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
     asked = n_examples > 0 or BOXED_MENTION in system_prompt

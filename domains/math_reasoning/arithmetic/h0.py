@@ -12,7 +12,7 @@ show it (as earlier user and assistant turns), then the question.
 The verifier accepts a response only when its LAST \\boxed{...} holds the right answer. h0 is weak on
 purpose: one worked example, the model's text handed to the verifier unchanged (a right answer without a
 box scores 0), MAX_TOKENS = 32, one sample at temperature 1 (no voting), and the python tool not offered.
-With OFFER_TOOLS the system prompt states the tool protocol in words (TOOL_PROMPT): a ```python block that
+With OFFER_TOOLS the system prompt states the tool protocol in words (TOOL_PROTOCOL): a ```python block that
 prints the result is run, and its output comes back as a user message "Output: ...".
 
 Standard library only: this file runs inside the sandbox.
@@ -22,7 +22,7 @@ import collections
 import re
 
 SYSTEM_PROMPT = "Answer the question. Put the final answer in \\boxed{}."
-TOOL_PROMPT = ("You can run python: write a program in a ```python block that prints the result, and its output "
+TOOL_PROTOCOL = ("You can run python: write a program in a ```python block that prints the result, and its output "
                "comes back as \"Output: ...\".")
 EXAMPLES = (  # worked examples, shown as earlier turns of the chat; the first N_EXAMPLES are used
     ("What is 2 plus 3?", "2 + 3 = 5. The answer is \\boxed{5}."),
@@ -40,7 +40,7 @@ OFFER_TOOLS = False  # state the tool protocol in the prompt and run the model's
 
 def build_messages(task):
     """The opening chat: the system prompt, the worked examples, the question."""
-    system = SYSTEM_PROMPT + (" " + TOOL_PROMPT if OFFER_TOOLS else "")
+    system = SYSTEM_PROMPT + (" " + TOOL_PROTOCOL if OFFER_TOOLS else "")
     messages = [{"role": "system", "content": system}]
     for question, answer in EXAMPLES[:N_EXAMPLES]:
         messages.append({"role": "user", "content": question})
