@@ -230,3 +230,40 @@ def test_a_bad_model_is_one_line_before_anything_exists(command, needle, smollm2
     assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("whale: error:"), result.stdout + result.stderr
     assert needle in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_short_whale_run_on_the_real_model_finishes_and_records_its_rsft_settings(smollm2, tmp_path):
+    """`whale run --model` on SmolLM2 in the arithmetic world (built for small real models), one cycle of both
+    phases at the smallest budgets: it finishes, its config.yaml holds the optimiser settings chosen for a 135M
+    checkpoint (not the embedded policy's 3e-4), and the weight phase trained on what the verifier accepted."""
+    import yaml
+
+    from tests.conftest import SMALL, nested
+
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump(nested({**SMALL, "cycles": 1, "I": 2, "data.n_weight": 6,
+                                             "weight.samples_per_prompt": 4, "weight.prompts_per_step": 3,
+                                             "eval.test_samples": 1})))
+    result = subprocess.run([sys.executable, "-m", "whale_ray.cli", "run", "--model", smollm2, "--config", str(config),
+                             "--domain", "domains.math_reasoning.arithmetic", "--run-dir", "run"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=900, env={**ENV, "HOME": os.environ["HOME"]})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    run = tmp_path / "run"
+    weight = yaml.safe_load((run / "config.yaml").read_text())["weight"]
+    assert (weight["learning_rate"], weight["warmup_steps"], weight["precision"]) == (1e-5, 5, "float32")
+    state = json.loads((run / "state.json").read_text())
+    assert state["finished"] and state["ledger"]["weight_rollouts"] == 12 and state["ledger"]["harness_iterations"] == 2
+    assert (run / "report" / "index.html").is_file()
+    # the weight step trained on the calls of the episodes the verifier accepted (SmolLM2 boxes a right sum now and
+    # then), at the first warm-up update's rate, and only a step that trained made a new weight version
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(run / "rollouts" / "weight-c00-s0000.parquet").to_pylist()
+    accepted = {(r["task_id"], r["sample"]) for r in table if r["reward"] == 1}
+    step = json.loads((run / "train" / "c00-s0000.json").read_text())
+    print(f"whale run --model SmolLM2: {len(accepted)} of {len(table)} weight episodes accepted; {step['metrics']}")
+    assert {(e["task_id"], e["sample"]) for e in step["examples"]} == accepted
+    if accepted:
+        assert step["metrics"]["lr"] == pytest.approx(1e-5 / 5) and state["weight_version"] == 1
+    else:
+        assert not step["metrics"]["trained"] and state["weight_version"] == 0
