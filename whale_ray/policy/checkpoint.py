@@ -108,13 +108,14 @@ def load_policy(
     model_path: Path | str, *, device: str = "cpu", dtype: Any = "auto"
 ) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
     """(model, tokenizer) from a local checkpoint directory, in eval mode, never touching the network."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     path = check_checkpoint_dir(model_path)
     tokenizer = load_tokenizer(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:  # a truncated or corrupt weights file is the checkpoint's
         raise CheckpointError(f"policy checkpoint {path}: could not be loaded ({_line(e)})") from e
     model.to(device)
     model.eval()
