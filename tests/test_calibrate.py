@@ -4,6 +4,7 @@ command end to end on the embedded policy (real Ray, the real sandbox)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from math import comb
@@ -13,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from whale_ray.calibrate import ALL, pass_at_k, summarize
-from whale_ray.cli import main
 from whale_ray.records import Rollout, Task
 
 
@@ -69,11 +69,14 @@ def test_table_by_difficulty():
     (["--model", "/nonexistent/ckpt"], "policy checkpoint /nonexistent/ckpt: no such directory"),
     (["--harness", "/nonexistent/h.py"], "/nonexistent/h.py"),
 ])
-def test_bad_input_is_one_line_before_ray_starts(flags, named, capsys):
-    assert main(["calibrate", "--domain", "domains.math_reasoning.arithmetic", *flags]) == 2
-    out = capsys.readouterr().out
-    assert named in out and out.strip().count("\n") == 0
-    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+def test_bad_input_is_one_line_before_ray_starts(flags, named, tmp_path):
+    """In a process of its own, pointed at a Ray address where nothing listens: a command that got as far as
+    starting Ray would name that address instead of the bad input."""
+    result = subprocess.run([sys.executable, "-m", "whale_ray.cli", "calibrate", "--domain",
+                             "domains.math_reasoning.arithmetic", "--ray-address", "127.0.0.1:1", *flags], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert named in result.stdout and result.stdout.strip().count("\n") == 0, result.stdout
 
 
 def test_calibrate_end_to_end_on_the_embedded_policy(tiny_policy, tmp_path: Path):
