@@ -25,7 +25,7 @@ The choice:
 from __future__ import annotations
 
 import json
-import struct
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -65,21 +65,6 @@ MAX_GRAD_NORM = 1.0
 EMBEDDED_LEARNING_RATE = 3e-4
 
 
-def _safetensors_params(path: Path) -> int:
-    """Elements in one safetensors file, from its JSON header alone (8-byte little-endian length, then JSON)."""
-    with path.open("rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-    total = 0
-    for name, entry in header.items():
-        if name != "__metadata__":
-            n = 1
-            for d in entry["shape"]:
-                n *= d
-            total += n
-    return total
-
-
 def _config_estimate(config: dict[str, Any]) -> Optional[int]:
     """A decoder's parameter count from config.json (embeddings, attention, MLP); None if the keys are missing."""
     cfg = config.get("text_config") or config  # multimodal configs keep the language model's keys there
@@ -105,12 +90,15 @@ def describe_checkpoint(model_path: str | Path | None) -> CheckpointFacts:
     path = Path(model_path)
     if (path / BUILD_INFO).is_file():
         return EMBEDDED
-    files = sorted(path.glob("*.safetensors"))
-    try:
-        if files:
-            return CheckpointFacts(embedded=False, n_params=sum(_safetensors_params(f) for f in files))
-    except (OSError, ValueError, KeyError, TypeError, struct.error):
-        pass  # a damaged file: the loader names it; the size then comes from config.json
+    if any(path.glob("*.safetensors")):
+        from safetensors import SafetensorError
+
+        from whale_ray.policy.checkpoint import checkpoint_shapes
+
+        try:
+            return CheckpointFacts(embedded=False, n_params=sum(math.prod(s) for s in checkpoint_shapes(path).values()))
+        except (OSError, ValueError, SafetensorError):
+            pass  # a damaged file: the loader names it; the size then comes from config.json
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):

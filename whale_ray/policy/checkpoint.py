@@ -41,6 +41,20 @@ def check_checkpoint_dir(model_path: Path | str) -> Path:
     return path
 
 
+def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Parameter name -> shape from the checkpoint's safetensors headers (no tensor is read)."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"policy checkpoint {path}: no *.safetensors files (vLLM reloads need named weights)")
+    shapes = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            shapes.update({k: tuple(h.get_slice(k).get_shape()) for k in h.keys()})
+    return shapes
+
+
 def _read_json(path: Path, name: str) -> dict[str, Any]:
     file = path / name
     if not file.is_file():

@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from whale_ray.policy.checkpoint import check_checkpoint_dir, eos_token_ids, load_tokenizer
+from whale_ray.policy.checkpoint import check_checkpoint_dir, checkpoint_shapes, eos_token_ids, load_tokenizer
 from whale_ray.policy.engine import (
     GenerationOutput,
     GenerationRequest,
@@ -79,20 +79,6 @@ class _Live:
 
 def _model(worker: Any) -> Any:
     return worker.get_model()
-
-
-def checkpoint_shapes(path: Path) -> dict[str, tuple[int, ...]]:
-    """Parameter name -> shape from the checkpoint's safetensors headers (no tensor is read)."""
-    from safetensors import safe_open
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"policy checkpoint {path}: no *.safetensors files (vLLM reloads need named weights)")
-    shapes = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            shapes.update({k: tuple(h.get_slice(k).get_shape()) for k in h.keys()})
-    return shapes
 
 
 class VLLMEngine:
