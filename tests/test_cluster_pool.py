@@ -157,9 +157,9 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
     """A whole run on a cluster whose evaluators may only live on two worker nodes (a custom resource the
     others lack): inside the weight phase both are removed, one without warning, and a new one joins, so the
     rest of the run can only go on there. The run finishes in the same launch; the rollout files hold exactly
-    the planned (task, sample) rows, none given up, and the records name the nodes that ran them, the new one
-    included. (With one old node kept, the new one got work only if the run outlasted its evaluators' start:
-    on CI it did not, once.) The proposer and the Trainer ask for no resources and may live on a removed
+    the planned (task, sample) rows, none given up, and the records name the nodes that ran them: the new one
+    and at least one of the old. (With one old node kept, the new one got work only if the run outlasted its
+    evaluators' start: on CI it did not, once.) The proposer and the Trainer ask for no resources and may live on a removed
     node: the run then rolls back to its last commit, and its events still name every node that came or went."""
     import pyarrow.parquet as pq
 
@@ -168,7 +168,7 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
     from tests.fault_injection import committed
     from tests.run_truth import check_ledger
 
-    main = cluster.add_node(num_cpus=3, resources={"main": 4})  # for the PolicyServer and the Trainer's worker
+    cluster.add_node(num_cpus=3, resources={"main": 4})  # for the PolicyServer and the Trainer's worker
     first = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
     second = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
     cfg = small_config(tmp_path / "run", condition="whale", cycles=1, sandbox__evaluators={"min": 1, "max": 8},
@@ -207,7 +207,9 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
         table = pq.read_table(path, columns=["node", "status"])
         assert "sandbox_error" not in table.column("status").to_pylist(), path.name  # lost work was redone
         nodes |= set(table.column("node").to_pylist())
-    assert {first.node_id, second.node_id, joined["node"]} <= nodes
-    assert main.node_id not in nodes  # evaluators went only where their resource is
+    # the new node ran work, and the old ones ran the work before it: which of the two did depends on
+    # where the elastic pool had grown when they went (one was seen marked dead by a loaded CI before it ran)
+    assert joined["node"] in nodes and nodes & {first.node_id, second.node_id}
+    assert nodes <= {first.node_id, second.node_id, joined["node"]}  # evaluators went only where their resource is
     kinds = [e["kind"] for e in read_events(cfg.run_dir)]
     assert "node_left" in kinds and "node_joined" in kinds

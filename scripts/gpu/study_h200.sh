@@ -1,0 +1,48 @@
+#!/bin/bash
+# Issue 31 item 6 on the H200: `whale study` of the five conditions x 3 seeds on SmolLM2-135M-Instruct in the
+# arithmetic world (scripts/gpu/study_smollm2.yaml), after the parts are in ~/vparts, ~/rparts and ~/gparts
+# (scripts/gpu/README.md says which call carries what). The study outlasts one call: each call runs it until
+# STUDY_S seconds have passed, ends it with its process group (a study resumes from its root: Tune reruns no
+# finished pair and the running ones resume from their run directories), and sends back the root without
+# weights. Call it again, the machine still warm, until it prints "study finished".
+# Usage, in the checkout's root there: bash scripts/gpu/study_h200.sh VLLM_SHA256 RAY_SHA256 GGUF_SHA256
+set -o pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source .gpu/vllm_assemble.sh "$1" || exit 1
+source scripts/gpu/assemble.sh "$2" || exit 1
+MODEL=~/smollm2 ROOT=~/study
+if [ ! -f $MODEL/whale_import.json ]; then  # the GGUF, carried in pieces, becomes a Hugging Face directory once
+  got=$(cat ~/gparts/smol.p? | sha256sum | cut -d' ' -f1)
+  if [ "$got" != "$3" ]; then echo "gguf parts sha256 $got != $3"; ls -l ~/gparts; exit 1; fi
+  cat ~/gparts/smol.p? > ~/SmolLM2-135M-Instruct.Q4_1.gguf
+  python3 -m whale_ray.cli model import ~/SmolLM2-135M-Instruct.Q4_1.gguf --out $MODEL 2>&1 | tail -3 || exit 1
+fi
+# what an earlier call's study left (ended by its timeout): its Ray cluster and whatever holds the GPU
+pkill -9 -f 'ray/core/src/ray/(raylet|gcs)' 2>/dev/null
+for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -9 "$p"; done
+sleep 2; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+# bubblewrap (carried) if it works on this kernel, else rlimits only, for every pair alike
+if python3 -c "from whale_ray.sandbox.isolation import bwrap_launcher; bwrap_launcher()"; then iso=auto; else iso=unsafe_none; fi
+python3 - "$iso" <<'PY'
+import sys, yaml
+tree = yaml.safe_load(open("scripts/gpu/study_smollm2.yaml"))
+tree["sandbox"]["isolation"] = sys.argv[1]
+yaml.safe_dump(tree, open("/tmp/study.yaml", "w"), sort_keys=False)
+PY
+echo "sandbox isolation: $iso"
+t0=$(date +%s)
+setsid python3 -m whale_ray.cli study --config /tmp/study.yaml --model $MODEL --root $ROOT --seeds ${SEEDS:-3} \
+  --max-concurrent ${CONCURRENT:-5} >> "$OUT/study.log" 2>&1 &
+pid=$!
+while kill -0 $pid 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt ${STUDY_S:-500} ]; do sleep 5; done
+if kill -0 $pid 2>/dev/null; then
+  kill -9 -- -$pid; echo "study stopped after ${STUDY_S:-500} s; call again to resume it"
+else
+  wait $pid; echo "study finished, rc $?"
+fi
+nvidia-smi --query-gpu=memory.used --format=csv,noheader
+# the pairs' run directories and the comparison, without weights or rollout files (the tables and plots hold
+# what the comparison reads); state.json and records.json of each pair say where it stands
+tar czf "$OUT/study.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' --exclude='*.parquet' \
+  --exclude='tune' -C ~ study 2>/dev/null
+ls -la "$OUT"
