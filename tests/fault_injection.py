@@ -49,15 +49,16 @@ def _pid(handle: "ray.actor.ActorHandle") -> int:
 
 
 def train_worker_pids() -> list[int]:
-    """The Ray Train worker processes on this machine (Ray titles them `ray::RayTrainWorker...`)."""
+    """The pids of the live Ray Train workers of the cluster this process is connected to, from the GCS's actor
+    table (the public state API needs the dashboard, which the tests' clusters run without): another Ray on the
+    machine may run Train workers too, and killing one of those would strike the wrong run."""
+    from ray.core.generated import gcs_pb2
+
     pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"RayTrainWorker" in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
+    for raw in ray._private.state.state._connect_and_get_accessor().get_actor_table(None, None):
+        a = gcs_pb2.ActorTableData.FromString(raw)
+        if a.class_name == "RayTrainWorker" and gcs_pb2.ActorTableData.ActorState.Name(a.state) == "ALIVE" and a.pid:
+            pids.append(a.pid)
     return sorted(pids)
 
 

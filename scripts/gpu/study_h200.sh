@@ -34,7 +34,13 @@ t0=$(date +%s)
 setsid python3 -m whale_ray.cli study --config /tmp/study.yaml --model $MODEL --root $ROOT --seeds ${SEEDS:-3} \
   --max-concurrent ${CONCURRENT:-5} >> "$OUT/study.log" 2>&1 &
 pid=$!
-while kill -0 $pid 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt ${STUDY_S:-500} ]; do sleep 5; done
+# A finished pair's checkpoints go: 1.6 GB a version (float32 weights and AdamW state), two kept a pair, would
+# fill the machine's disk over 12 training pairs, and no weights come back from it anyway (64 MiB a call).
+# The comparison reads the pairs' records, never their checkpoints.
+while kill -0 $pid 2>/dev/null && [ $(( $(date +%s) - t0 )) -lt ${STUDY_S:-500} ]; do
+  for d in $ROOT/*/; do grep -qs '"finished": true' "$d/state.json" && rm -rf "$d/checkpoints"; done
+  sleep 5
+done
 if kill -0 $pid 2>/dev/null; then
   kill -9 -- -$pid; echo "study stopped after ${STUDY_S:-500} s; call again to resume it"
 else

@@ -67,8 +67,12 @@ def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 class RunningBatch:
     def __init__(self, model: Any, tokenizer: Any, eos_ids: list[int], pad_id: int, cache_kw: str,
-                 new_cache: Callable[[], Any], device: torch.device):
+                 new_cache: Callable[[], Any], device: torch.device,
+                 on_finish: Optional[Callable[[Live], None]] = None):
         self.model, self.tokenizer, self.pad_id, self.cache_kw = model, tokenizer, pad_id, cache_kw
+        # called with each request as it finishes, before its future resolves: what the engine counts of it is
+        # counted by the time its caller has the output
+        self.on_finish = on_finish
         self.eos_ids = eos_ids
         self.new_cache, self.device = new_cache, device
         self.vocab = logits_vocab(model)
@@ -183,6 +187,8 @@ class RunningBatch:
             text = decode_completion(self.tokenizer, r.ids)
             reason = "stop" if r.ids[-1] in self.eos_ids else "length"
         out = GenerationOutput(text, list(r.prompt_ids), r.ids, r.logprobs, reason, r.version, r.alternatives)
+        if self.on_finish is not None:
+            self.on_finish(r)
         try:
             r.future.set_result(out)
         except Exception:  # cancelled by its caller meanwhile: nobody waits for it

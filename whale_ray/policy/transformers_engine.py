@@ -98,7 +98,7 @@ class TransformersEngine:
         params = inspect.signature(type(self.model).forward).parameters
         cache_kw = "cache" if "cache" in params else "past_key_values"
         self._batch = RunningBatch(self.model, self.tokenizer, self.eos_ids, self.pad_id, cache_kw, self._new_cache,
-                                   self.device)
+                                   self.device, on_finish=self._timed)
         # newcomers join a running batch only where its cache can be padded and merged (full-attention KV)
         self._joins = plain_kv(self._new_cache())
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -239,11 +239,11 @@ class TransformersEngine:
             self._waited = 0 if join or not self._waiting else self._waited + 1
             try:
                 t0 = time.perf_counter()
-                done = batch.admit(newcomers, self._version) if newcomers else []
+                if newcomers:
+                    batch.admit(newcomers, self._version)
                 if batch:
-                    done += batch.step()
+                    batch.step()
                 self.busy_s += time.perf_counter() - t0
-                self._timed(done)
             except Exception as e:  # the engine failed: fail what is live, keep serving what comes next
                 for r in batch.clear() + newcomers:  # a newcomer may be in both: answered once
                     if not r.future.done():
@@ -251,12 +251,11 @@ class TransformersEngine:
         for r in self._batch.clear() + list(self._waiting):
             r.future.set_exception(RuntimeError("TransformersEngine closed"))
 
-    def _timed(self, done: list) -> None:
-        now, t = time.perf_counter(), self.timing
-        for r in done:
-            t["finished"] += 1
-            t["wait_s"] += r.admitted - r.submitted
-            t["latency_s"] += now - r.submitted
+    def _timed(self, r: Live) -> None:
+        t = self.timing
+        t["finished"] += 1
+        t["wait_s"] += r.admitted - r.submitted
+        t["latency_s"] += time.perf_counter() - r.submitted
 
     def _take(self, cmd: tuple) -> None:
         if cmd[0] == "reload":
