@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from whale_ray.config import dump_config, load_config
+from whale_ray.hub import hub_id
 from whale_ray.policy.checkpoint import CheckpointError, check_checkpoint
-from whale_ray.policy.hub import hub_id
 from whale_ray.study import model_override
 
 REPO = "tiny-org/Tiny-Qwen3"

@@ -89,7 +89,7 @@ class PolicyConfig(_Strict):
         config.yaml records the snapshot: it names the model (models--ORG--NAME) and pins its revision, so a resumed
         run finds the same weights, and a cache moved on to a newer revision is a config conflict, not a silent
         switch. An id the cache lacks stays as it is, for check_checkpoint to refuse in one line."""
-        from whale_ray.policy.hub import resolve_model
+        from whale_ray.hub import resolve_model
 
         return resolve_model(model) if model is not None else None
 

@@ -1,6 +1,6 @@
 """A policy checkpoint: any local Hugging Face causal-LM directory (the embedded tiny policy, an imported GGUF, a
-Qwen3.5-2B folder, ...) or a hub id the local hub cache holds (hub.py), checked and loaded without touching the
-network.
+Qwen3.5-2B folder, ...) or a hub id the local hub cache holds (whale_ray/hub.py), checked and loaded without touching
+the network.
 
 A usable checkpoint has a config, a tokenizer with a chat template (every engine renders prompts with it on the
 trusted side) and at least one eos id (the generation config's, else the model config's, and the tokenizer's):
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whale_ray.policy.hub import hub_id, not_cached, resolve_model
+from whale_ray.hub import hub_id, not_cached, resolve_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

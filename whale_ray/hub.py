@@ -1,7 +1,8 @@
 """A checkpoint named by its Hugging Face hub id: `--model Qwen/Qwen3-1.7B` is the snapshot of that model that the
 local hub cache holds (HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub; refs/main names it), found by
 huggingface_hub's own offline lookup. Nothing is downloaded: a run never waits on the network, and a cluster's nodes
-read the same files. A local directory of the same name wins over the hub id.
+read the same files. A local directory of the same name wins over the hub id. Outside whale_ray.policy, whose
+package imports torch: the config resolves an id here.
 """
 
 from __future__ import annotations
