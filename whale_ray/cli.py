@@ -42,6 +42,7 @@ FLAG_KEYS = {
     "proposer_max_wall": "harness_phase.max_proposer_wall_s",
     "serve": "serve.enabled", "serve_port": "serve.port",
 }
+
 MODEL_HELP = ("local Hugging Face checkpoint directory, or a hub id (ORG/NAME) in the local hub cache (default: "
               "embedded tiny policy)")
 

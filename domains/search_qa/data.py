@@ -17,10 +17,10 @@ per group); the id from `id`, else `extra_info.index`, else the row number. A ta
 answer; all of them are in the private meta "_golden_answers". docs/data.md has the table of layouts.
 
 Problems: a missing or unreadable file, a JSON array in a JSONL file, or a missing question / answer column,
-raises DataError naming the file. A row without a question or with no gold answer (or a JSONL line that is not a JSON object)
-is skipped with a warning naming the file and row, and a count; a file with no usable row raises
-DataError. Rows are numbered from 0 in parquet files and lines from 1 in JSONL files. A question that
-repeats is kept once.
+raises DataError naming the file. A row without a question or with no gold answer (or a JSONL line that is not a
+JSON object) is skipped with a warning naming the file, the row and what is wrong, and a count; a file with no
+usable row raises DataError. Rows are numbered from 0 in parquet files and lines from 1 in JSONL files. A question
+that repeats is kept once.
 """
 
 from __future__ import annotations
