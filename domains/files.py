@@ -1,8 +1,8 @@
 """Readers shared by the domains' loaders: the rows of a parquet or JSONL file, labelled for messages.
 
 Rows are labelled "row N" (from 0) in parquet files and "line N" (from 1) in JSONL files. A file-level
-problem (missing, unsupported extension, unreadable) raises DataError naming the file; a JSONL line
-that is not a JSON object is passed on with its problem, for the loader to skip or refuse.
+problem (missing, unsupported extension, unreadable, a JSON array in a JSONL file) raises DataError naming the
+file; a JSONL line that is not a JSON object is passed on with its problem, for the loader to skip or refuse.
 """
 
 from __future__ import annotations
@@ -45,9 +45,39 @@ class Rows:
     records: Iterable[Record]
 
 
+def cell_text(value: Any) -> str | None:
+    """A field value as non-empty text (numbers become strings, 72.0 as "72": parquet stores an integer column
+    with gaps as floats), else None (also for a list, a mapping or a bool)."""
+    if value is None or isinstance(value, (dict, list, tuple, bool)):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    s = str(value).strip()
+    return s or None
+
+
+def user_message(prompt: Any) -> str | None:
+    """The text of a chat prompt (verl's `prompt` column): its first user message's content, or the prompt itself
+    when it is a plain string."""
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        prompt = users[0] if users else None
+    return cell_text(prompt)
+
+
+def _is_json_array(path: Path) -> bool:
+    """The whole file is one JSON array (what `json.dump(rows, f)` writes), not one object per line."""
+    try:
+        with Path(path).open(encoding="utf-8") as f:
+            return isinstance(json.load(f), list)
+    except (OSError, ValueError):
+        return False
+
+
 def jsonl_records(path: Path, what: str = "data file") -> Iterator[Record]:
     """The non-blank lines of a JSONL file, streamed; `what` names the file in errors."""
     n = 0
+    first = True
     try:
         with Path(path).open(encoding="utf-8") as f:
             for n, line in enumerate(f, start=1):
@@ -56,9 +86,14 @@ def jsonl_records(path: Path, what: str = "data file") -> Iterator[Record]:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
-                    yield Record(n, None, f"not valid JSON ({e.msg})")
-                    continue
-                yield Record(n, obj) if isinstance(obj, dict) else Record(n, None, "not a JSON object")
+                    obj, problem = None, f"not valid JSON ({e.msg})"
+                else:
+                    problem = None if isinstance(obj, dict) else "not a JSON object"
+                if problem and first and line.lstrip().startswith("[") and _is_json_array(path):
+                    raise DataError(f"{what} {path}: a JSON array, not JSON Lines (one JSON object per line); "
+                                    f"convert it with: jq -c '.[]' {path} > {Path(path).with_suffix('.lines.jsonl')}")
+                first = False
+                yield Record(n, obj) if problem is None else Record(n, None, problem)
     except UnicodeDecodeError:
         raise DataError(f"{what} {path}: line {n + 1} is not UTF-8 text") from None
     except OSError as e:

@@ -11,8 +11,9 @@ import pytest
 
 
 def whale(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = {"COLUMNS": "400", "PATH": "/usr/bin:/bin", "HF_HUB_CACHE": f"{cwd}/hf-cache"}  # empty: no hub id is there
     return subprocess.run([sys.executable, "-m", "whale_ray.cli", "run", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120, env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"})
+                          text=True, timeout=120, env=env)
 
 
 def dapo_file(path, rows):
@@ -60,6 +61,9 @@ def data_config(tmp_path, name, train, test) -> str:
         (["--harness", "{norun}"], "run"),
         (["--harness", "{missing}"], "missing.py"),
         (["--model", "{missing}"], "missing.py: no such directory"),
+        (["--model", "nobody/No-Such-Model"], "policy checkpoint nobody/No-Such-Model: no such directory, and the "
+         "Hugging Face hub cache {cwd}/hf-cache holds no model nobody/No-Such-Model (whale-ray never downloads: on a "
+         "machine with internet run `hf download nobody/No-Such-Model`"),
         (["--config", "{missing_data}"], "nothere.parquet"),
         (["--config", "{no_column}"], "missing column 'reward_model'"),
         (["--domain", "search_qa", "--config", "{missing_corpus}"], "retrieval.corpus_path"),
@@ -86,7 +90,7 @@ def test_bad_input_is_one_line_and_leaves_no_run_dir(case, needle, tmp_path, fil
     assert result.returncode == 2, result.stderr + result.stdout
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("whale: error:"), result.stdout
-    assert needle in lines[0]
+    assert needle.format(cwd=tmp_path) in lines[0]
     assert not (tmp_path / "run").exists()
 
 

@@ -109,25 +109,24 @@ def test_dapo_parquet(tmp_path):
         dapo_row(None, "5", "b", prompt_text=wrapped),
         dapo_row("What is 1+1?", "2", "c"),  # repeated question: kept once
     ])
-    tasks = data.load_dapo(path)
+    tasks = data.load_tasks(path)
     assert [(t.id, t.question, t.answer) for t in tasks] == [
         ("dapo-a", "What is 1+1?", "2"), ("dapo-b", "What is 2+3?", "5"),
     ]
     assert tasks[0].meta == {"source": "math_dapo"}
-    assert data.load_tasks(path) == tasks  # format detected from the columns
 
 
 def test_dapo_without_extra_info_uses_row_numbers(tmp_path):
     rows = [{"prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": f"q{i}"}],
              "reward_model": {"ground_truth": str(i)}} for i in range(3)]
-    tasks = data.load_dapo(write_dapo(tmp_path / "train.parquet", rows))
+    tasks = data.load_tasks(write_dapo(tmp_path / "train.parquet", rows))
     assert [(t.id, t.question, t.answer) for t in tasks] == [(f"train-{i}", f"q{i}", str(i)) for i in range(3)]
 
 
 def test_aime_parquet_and_jsonl(tmp_path):
     pq.write_table(pa.table({"ID": ["2024-I-1", "2024-I-2"], "Problem": ["P one", "P two"], "Answer": [204, 25]}),
                    tmp_path / "aime_2024.parquet")
-    tasks = data.load_aime(tmp_path / "aime_2024.parquet")
+    tasks = data.load_tasks(tmp_path / "aime_2024.parquet")
     assert [(t.id, t.question, t.answer) for t in tasks] == [("aime_2024-2024-I-1", "P one", "204"),
                                                             ("aime_2024-2024-I-2", "P two", "25")]
     path = write_jsonl(tmp_path / "aime_2025.jsonl", [
@@ -156,10 +155,10 @@ def test_missing_column(tmp_path):
     path = tmp_path / "x.parquet"
     pq.write_table(pa.Table.from_pylist([{"prompt": [{"role": "user", "content": "q"}]}]), path)
     with pytest.raises(DataError, match=r"data file .*x\.parquet: missing column 'reward_model'"):
-        data.load_dapo(path)
+        data.load_tasks(path)
     pq.write_table(pa.table({"Problem": ["q"]}), path)
     with pytest.raises(DataError, match=r"missing column 'Answer'"):
-        data.load_aime(path)
+        data.load_tasks(path)
     pq.write_table(pa.table({"Answer": ["1"]}), path)
     with pytest.raises(DataError, match=r"missing column 'Problem'"):
         data.load_tasks(path)
@@ -173,7 +172,7 @@ def test_rows_missing_a_field_are_skipped_with_a_count(tmp_path, caplog):
         dapo_row("ok two", "4", "d"),
     ])
     with caplog.at_level(logging.WARNING, logger="domains.math_reasoning.data"):
-        tasks = data.load_dapo(path)
+        tasks = data.load_tasks(path)
     assert [t.question for t in tasks] == ["ok one", "ok two"]
     text = caplog.text
     assert "dapo.parquet: row 1: missing or empty answer" in text
@@ -184,21 +183,21 @@ def test_rows_missing_a_field_are_skipped_with_a_count(tmp_path, caplog):
     path = write_jsonl(tmp_path / "aime.jsonl", [json.dumps({"Problem": "p", "Answer": None}),
                                                  json.dumps({"Problem": "q", "Answer": 5})])
     with caplog.at_level(logging.WARNING, logger="domains.math_reasoning.data"):
-        assert [t.answer for t in data.load_aime(path)] == ["5"]
+        assert [t.answer for t in data.load_tasks(path)] == ["5"]
     assert "aime.jsonl: line 1: missing or empty answer" in caplog.text and "skipped 1 of 2" in caplog.text
 
 
 def test_all_rows_bad(tmp_path):
     path = write_dapo(tmp_path / "dapo.parquet", [dapo_row("q", None, "a"), dapo_row("q2", "", "b")])
     with pytest.raises(DataError, match=r"dapo\.parquet: no usable rows \(2 of 2 skipped\)"):
-        data.load_dapo(path)
+        data.load_tasks(path)
 
 
 def test_bad_jsonl_line_is_named(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", [json.dumps({"Problem": "p", "Answer": 1}), "{not json"])
     with pytest.raises(DataError, match=r"t\.jsonl: line 2 is not valid JSON"):
         data.load_tasks(path)
-    path = write_jsonl(tmp_path / "t.jsonl", [json.dumps([1, 2])])
+    path = write_jsonl(tmp_path / "t.jsonl", [json.dumps([1, 2]), json.dumps([3])])  # JSON Lines, of arrays
     with pytest.raises(DataError, match=r"line 1 is not a JSON object"):
         data.load_tasks(path)
 

@@ -20,6 +20,7 @@ from whale_ray.run_state import RunState
     (["--conditions", "whale,whale"], "a condition is named twice"),
     (["--seeds", "0"], "--seeds: must be at least 1"),
     (["--E", "-0.5"], "study: base: E: E must be a positive number"),
+    (["--model", "nobody/No-Such-Model"], "holds no model nobody/No-Such-Model (whale-ray never downloads"),
 ])
 def test_bad_study_input_is_one_line(tmp_path, capsys, argv, message):
     from whale_ray.cli import main

@@ -43,6 +43,8 @@ FLAG_KEYS = {
     "serve": "serve.enabled", "serve_port": "serve.port",
 }
 
+MODEL_HELP = ("local Hugging Face checkpoint directory, or a hub id (ORG/NAME) in the local hub cache (default: "
+              "embedded tiny policy)")
 
 _DEFAULTS = WhaleConfig()
 
@@ -92,7 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--E", type=float, help=helps(field("E").description, "E"))
     run.add_argument("--I", type=int, help=helps(field("I").description, "I"))
     run.add_argument("--cycles", type=int, help=helps("number of cycles", "cycles"))
-    run.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (default: embedded tiny policy)")
+    run.add_argument("--model", type=Path, help=MODEL_HELP)
     run.add_argument("--harness", type=Path, help="starting harness h0, one Python file (default: the domain's)")
     run.add_argument("--run-dir", type=Path, help=helps("run directory", "run_dir"))
     run.add_argument("--seed", type=int, help=helps("run seed", "seed"))
@@ -156,7 +158,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     study.add_argument("--E", type=float, help=helps(field("E").description, "E"))
     study.add_argument("--I", type=int, help=helps(field("I").description, "I"))
     study.add_argument("--cycles", type=int, help=helps("number of cycles", "cycles"))
-    study.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (default: embedded tiny policy)")
+    study.add_argument("--model", type=Path, help=MODEL_HELP)
     study.add_argument("--max-concurrent", type=int, help="pairs side by side (default: as many as the cluster holds)")
     study.add_argument("--root", type=Path, default=Path("runs/study"), help="folder of the pairs' run directories")
     study.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
@@ -191,7 +193,7 @@ def add_calibrate_parser(sub: Any) -> None:
                                            "the run's own rollout path (whale_ray/calibrate.py)")
     cal.add_argument("--config", type=Path, help="YAML config (domain, data sizes, policy, sandbox); flags override it")
     cal.add_argument("--domain", help=helps("the domain", "domain"))
-    cal.add_argument("--model", type=Path, help="local Hugging Face checkpoint directory (default: embedded tiny policy)")
+    cal.add_argument("--model", type=Path, help=MODEL_HELP)
     cal.add_argument("--engine", choices=choices("policy.engine"), help=helps("policy engine", "policy.engine"))
     cal.add_argument("--harness", type=Path, help="the harness, one Python file (default: the domain's h0)")
     cal.add_argument("--split", choices=SPLITS, default="weight", help="the split (default weight: D_weight)")
@@ -216,7 +218,8 @@ def add_serve_parser(sub: Any) -> None:
     what = serve.add_mutually_exclusive_group(required=True)
     what.add_argument("--run-dir", type=Path, help="a run directory: whale-latest (its latest weights) and "
                                                    "whale-best (θ*), picked up as checkpoints land")
-    what.add_argument("--model", type=Path, help="a Hugging Face checkpoint directory, served as 'whale'")
+    what.add_argument("--model", type=Path, help="a Hugging Face checkpoint directory or a hub id (ORG/NAME) in the "
+                                                 "local hub cache, served as 'whale'")
     serve.add_argument("--domain", default=default("domain"), help="the agent's domain with --model")
     serve.add_argument("--harness", type=Path, help="the agent's harness with --model (default: the domain's h0)")
     serve.add_argument("--isolation", choices=choices("sandbox.isolation"), help="the agent's sandbox with --model")

@@ -57,7 +57,9 @@ class DataConfig(_Strict):
 
 
 class PolicyConfig(_Strict):
-    model: Optional[Path] = None  # a local Hugging Face checkpoint directory; None builds the embedded tiny policy
+    # a local Hugging Face checkpoint directory, or a hub id ("Qwen/Qwen3-1.7B") the local hub cache holds; None builds
+    # the embedded tiny policy
+    model: Optional[Path] = None
     engine: Literal["transformers", "vllm"] = "transformers"
     max_batch: int = Field(64, gt=0)
     batch_wait_ms: float = Field(5.0, ge=0)  # batching "pass" only: how long a pass waits for company
@@ -79,6 +81,17 @@ class PolicyConfig(_Strict):
     # weights are loaded right after it anyway; a step that did not train reloads the Trainer's current ones).
     # 0: off (the two share the GPU by gpu_memory_utilization alone).
     sleep_level: Literal[0, 1, 2] = 0
+
+    @field_validator("model")
+    @classmethod
+    def _hub_snapshot(cls, model: Optional[Path]) -> Optional[Path]:
+        """A hub id becomes its cached snapshot here, where every command's config is made, so that the run's
+        config.yaml records the snapshot: it names the model (models--ORG--NAME) and pins its revision, so a resumed
+        run finds the same weights, and a cache moved on to a newer revision is a config conflict, not a silent
+        switch. An id the cache lacks stays as it is, for check_checkpoint to refuse in one line."""
+        from whale_ray.hub import resolve_model
+
+        return resolve_model(model) if model is not None else None
 
     def engine_options(self) -> dict[str, float]:
         """The engine's own keyword arguments beyond device and dtype (PolicyServer -> make_engine)."""

@@ -66,6 +66,14 @@ def base_tree(config: Optional[Path], overrides: dict[str, Any]) -> dict[str, An
     return tree
 
 
+def model_override(model: Optional[Path]) -> Optional[str]:
+    """`--model` for every pair: a local directory as an absolute path (Tune runs each trial in a folder of its own);
+    anything else as given, for PolicyConfig to find in the hub cache or check_inputs to refuse."""
+    if model is None:
+        return None
+    return str(model.resolve() if model.exists() else model)
+
+
 def run_study(args: Any) -> int:
     """The `whale study` command (argparse in whale_ray/cli.py)."""
     from whale_ray import launch
@@ -73,7 +81,7 @@ def run_study(args: Any) -> int:
 
     conditions = parse_conditions(args.conditions)
     overrides = {"domain": args.domain, "E": args.E, "I": args.I, "cycles": args.cycles,
-                 "policy.model": str(Path(args.model).resolve()) if args.model else None}
+                 "policy.model": model_override(args.model)}
     sweep = study_sweep(conditions, list(range(args.first_seed, args.first_seed + args.seeds)),
                         base_tree(args.config, overrides), args.max_concurrent)
     code = run_command(sweep, args.root, args.ray_address, "study",

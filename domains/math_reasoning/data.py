@@ -1,18 +1,22 @@
 """Loaders for the public math formats, and the splits.
 
-Formats (parquet, or JSONL with one JSON object per line):
-  * DAPO-Math-17K: `prompt` = list of chat messages {role, content} (the question is the first user
-    message's content; DAPO's fixed "Solve the following math problem ... Answer:" wrapper is removed),
-    `reward_model` = {ground_truth, ...}; optional `extra_info` = {index, ...} (the id) and `data_source`.
-  * AIME 2024 / 2025: `Problem` and `Answer` (or `problem` / `answer`; `question` is accepted too),
-    optional `ID` / `id`. Integer answers become strings.
-A file is read as DAPO when it has a `prompt` or `reward_model` column, else as AIME.
+A file is parquet, or JSONL with one JSON object per line. Its rows give, each by the first field present:
+  * the question: a plain `Problem` / `problem` / `question` field, else verl's chat `prompt` (the first user
+    message's content; a plain string is taken as it is) less the instruction verl's or DAPO's preprocessing
+    wrapped around the problem (PROMPT_PREFIXES, PROMPT_SUFFIXES);
+  * the answer: verl's `reward_model.ground_truth`, else a top-level `ground_truth` / `Answer` / `answer`; a
+    number becomes its text ("70", never "70.0");
+  * the id: `ID` / `id`, else `extra_info.index`, else the row number; the source (task meta "source"):
+    `data_source`, else the file's stem.
+So DAPO-Math-17K, verl's own GSM8K and MATH parquet, AIME 2024/2025 and files with a `ground_truth` column all
+load; docs/data.md has the table of layouts.
 
-Problems: a missing, unreadable or wrongly named file, or a missing required column, raises DataError
-with a one-line message naming the file. A row with a missing or empty field is skipped with a logged
-warning (file, row, and the count of skipped rows); rows are numbered from 0 in parquet files and
-lines from 1 in JSONL files. A file with no usable row raises DataError. Repeated questions are kept
-once (the published DAPO-Math-17K parquet repeats each of its 17,917 problems many times).
+Problems: a missing, unreadable or wrongly named file, a JSON array in a JSONL file, or no question or no answer
+column raises DataError with a one-line message naming the file. A row whose question or answer is missing,
+empty or not text (a list, say) is skipped with a logged warning naming the file, the row and what is wrong, and
+a count; rows are numbered from 0 in parquet files and lines from 1 in JSONL files. A file with no usable row
+raises DataError. Repeated questions are kept once (the published DAPO-Math-17K parquet repeats each of its
+17,917 problems many times).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from domains.files import Rows, read_rows
+from domains.files import cell_text, read_rows, user_message
 from whale_ray.domain import (
     DataError,
     Splits,
@@ -46,71 +50,84 @@ DAPO_PROMPT_PREFIX = (
     "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
 )
 DAPO_PROMPT_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
-AIME_PROBLEM_COLUMNS = ("Problem", "problem", "question")
-AIME_ANSWER_COLUMNS = ("Answer", "answer")
-AIME_ID_COLUMNS = ("ID", "id")
+# The instructions preprocessing wraps around a problem (DAPO's; verl's MATH and GSM8K scripts append theirs) are
+# removed: the harness writes its own instructions and the verifier reads the last \boxed{} (GSM8K's "after ####"
+# would ask for a format it never reads), and a problem stays one question whichever file it comes from, so that
+# the test problems are found and kept out of training.
+PROMPT_PREFIXES = (DAPO_PROMPT_PREFIX,)
+PROMPT_SUFFIXES = (
+    DAPO_PROMPT_SUFFIX,
+    "Let's think step by step and output the final answer within \\boxed{}.",
+    'Let\'s think step by step and output the final answer after "####".',
+)
+QUESTION_COLUMNS = ("Problem", "problem", "question")  # else verl's `prompt`
+ANSWER_COLUMNS = ("ground_truth", "Answer", "answer")  # after verl's `reward_model.ground_truth`
+ID_COLUMNS = ("ID", "id")  # else `extra_info.index`
 MAX_ROW_WARNINGS = 5  # per file; the summary line always has the total
 
 
 # --- turning rows into tasks -----------------------------------------------------------------------
 
 
-def _text(value: Any) -> str | None:
-    """A non-empty string for a field value (numbers become strings), else None."""
-    if value is None or isinstance(value, (dict, list, bool)):
+def _first(record: dict[str, Any], keys: tuple[str, ...]) -> Any:
+    return next((record[k] for k in keys if record.get(k) is not None), None)
+
+
+def _without_instructions(prompt: str) -> str | None:
+    for prefix in PROMPT_PREFIXES:
+        prompt = prompt.removeprefix(prefix.strip())
+    for suffix in PROMPT_SUFFIXES:
+        prompt = prompt.removesuffix(suffix.strip())
+    return cell_text(prompt)
+
+
+def _question(record: dict[str, Any]) -> Any:
+    plain = _first(record, QUESTION_COLUMNS)
+    if plain is not None:
+        return plain
+    prompt = user_message(record.get("prompt"))
+    return _without_instructions(prompt) if prompt is not None else None
+
+
+def _answer(record: dict[str, Any]) -> Any:
+    reward = record.get("reward_model")
+    truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+    return truth if truth is not None else _first(record, ANSWER_COLUMNS)
+
+
+def _index(record: dict[str, Any]) -> Any:
+    index, extra = _first(record, ID_COLUMNS), record.get("extra_info")
+    return extra.get("index") if index is None and isinstance(extra, dict) else index
+
+
+def _problem(name: str, value: Any) -> str | None:
+    """What is wrong with a row's question or answer, or None."""
+    if cell_text(value) is not None:
         return None
-    if isinstance(value, float):
-        value = int(value) if value.is_integer() else value
-    s = str(value).strip()
-    return s or None
+    if isinstance(value, (dict, list, tuple, bool)):
+        return f"{name} is a {type(value).__name__}, not text or a number"
+    return f"missing or empty {name}"
 
 
-def _pick(columns: list[str], candidates: tuple[str, ...]) -> str | None:
-    return next((c for c in candidates if c in columns), None)
+def _check_columns(path: Path, columns: list[str]) -> None:
+    if not any(c in columns for c in (*QUESTION_COLUMNS, "prompt")):
+        raise DataError(f"data file {path}: missing column 'Problem' (or 'problem', 'question', or verl's chat "
+                        "'prompt')")
+    if not any(c in columns for c in ("reward_model", *ANSWER_COLUMNS)):
+        first, others = ("'reward_model'", "'ground_truth', 'Answer', 'answer'") if "prompt" in columns else (
+            "'Answer'", "'answer', 'ground_truth', or verl's 'reward_model'")
+        raise DataError(f"data file {path}: missing column {first} (or {others})")
 
 
-def _dapo_question(prompt: Any) -> str | None:
-    if isinstance(prompt, str):
-        content = prompt
-    elif isinstance(prompt, list):
-        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        content = users[0].get("content") if users else None
-    else:
-        return None
-    text = _text(content)
-    if text is None:
-        return None
-    return _text(text.removeprefix(DAPO_PROMPT_PREFIX.strip()).removesuffix(DAPO_PROMPT_SUFFIX.strip()))
-
-
-def _dapo_row(rec: dict[str, Any]) -> tuple[str | None, str | None, Any, str | None]:
-    question = _dapo_question(rec.get("prompt"))
-    reward = rec.get("reward_model")
-    answer = _text(reward.get("ground_truth")) if isinstance(reward, dict) else None
-    extra = rec.get("extra_info")
-    index = extra.get("index") if isinstance(extra, dict) else None
-    return question, answer, index, _text(rec.get("data_source"))
-
-
-def _tasks_from_rows(rows: Rows, fmt: str | None = None) -> list[Task]:
-    path, cols, stem = rows.path, rows.columns, rows.path.stem
+def load_tasks(path: Path | str) -> list[Task]:
+    """The tasks of one math file (parquet or JSONL, any layout above), distinct by question text."""
+    rows = read_rows(path)
+    path, stem = rows.path, rows.path.stem
     if isinstance(rows.records, list):  # JSONL: a line that is not a JSON object means another format
         bad = next((r for r in rows.records if r.value is None), None)
         if bad is not None:
             raise DataError(f"data file {path}: {bad.label} is {bad.problem}")
-    if fmt is None:
-        fmt = "dapo" if ("prompt" in cols or "reward_model" in cols) else "aime"
-    if fmt == "dapo":
-        for required in ("prompt", "reward_model"):
-            if required not in cols:
-                raise DataError(f"data file {path}: missing column {required!r}")
-    else:
-        fmt = "aime"
-        q_col, a_col, id_col = (_pick(cols, c) for c in (AIME_PROBLEM_COLUMNS, AIME_ANSWER_COLUMNS, AIME_ID_COLUMNS))
-        if q_col is None:
-            raise DataError(f"data file {path}: missing column 'Problem' (or 'problem'; a DAPO file needs 'prompt')")
-        if a_col is None:
-            raise DataError(f"data file {path}: missing column 'Answer' (or 'answer')")
+    _check_columns(path, rows.columns)
 
     tasks: list[Task] = []
     seen_ids: set[str] = set()
@@ -121,49 +138,33 @@ def _tasks_from_rows(rows: Rows, fmt: str | None = None) -> list[Task]:
     for n, record in enumerate(rows.records):
         n_rows += 1
         label, rec = record.label, record.value
-        if fmt == "dapo":
-            question, answer, index, source = _dapo_row(rec)
-        else:
-            question, answer = _text(rec.get(q_col)), _text(rec.get(a_col))
-            index, source = (rec.get(id_col) if id_col else None), None
-        if question is None or answer is None:
-            missing = " and ".join(f for f, v in (("question", question), ("answer", answer)) if v is None)
+        question, answer = _question(rec), _answer(rec)
+        problems = [p for p in (_problem("question", question), _problem("answer", answer)) if p]
+        if problems:
             if len(skipped) < MAX_ROW_WARNINGS:
-                log.warning("data file %s: %s: missing or empty %s; skipped", path, label, missing)
+                log.warning("data file %s: %s: %s; skipped", path, label, "; ".join(problems))
             skipped.append(label)
             continue
+        question, answer = cell_text(question), cell_text(answer)
         if question in seen_questions:
             duplicates += 1
             continue
         seen_questions.add(question)
-        task_id = f"{stem}-{_text(index) or n}"
+        task_id = f"{stem}-{cell_text(_index(rec)) or n}"
         if task_id in seen_ids:
             task_id = f"{stem}-{label.replace(' ', '')}"
         seen_ids.add(task_id)
-        tasks.append(Task(id=task_id, question=question, answer=answer, meta={"source": source or stem}))
+        source = cell_text(rec.get("data_source")) or stem
+        tasks.append(Task(id=task_id, question=question, answer=answer, meta={"source": source}))
 
     if skipped:
-        log.warning("data file %s: skipped %d of %d rows with a missing or empty field", path, len(skipped), n_rows)
+        log.warning("data file %s: skipped %d of %d rows with a missing, empty or wrong field", path, len(skipped),
+                    n_rows)
     if duplicates:
         log.info("data file %s: %d repeated questions kept once (%d distinct)", path, duplicates, len(tasks))
     if not tasks:
         raise DataError(f"data file {path}: no usable rows ({len(skipped)} of {n_rows} skipped)")
     return tasks
-
-
-def load_tasks(path: Path | str) -> list[Task]:
-    """The tasks of one DAPO- or AIME-style file (parquet or JSONL), distinct by question text."""
-    return _tasks_from_rows(read_rows(path))
-
-
-def load_dapo(path: Path | str) -> list[Task]:
-    """A DAPO-Math-17K style file: columns `prompt` and `reward_model` required."""
-    return _tasks_from_rows(read_rows(path), "dapo")
-
-
-def load_aime(path: Path | str) -> list[Task]:
-    """An AIME 2024/2025 style file: `Problem`/`problem` and `Answer`/`answer` required."""
-    return _tasks_from_rows(read_rows(path), "aime")
 
 
 # --- splits ----------------------------------------------------------------------------------------

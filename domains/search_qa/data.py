@@ -8,18 +8,19 @@ where golden_answers is a list of strings, data_source the benchmark ("nq", "tri
 ending in "Question: ...", and reward_model = {"style": "rule", "ground_truth": {"target": [...]}}.
 Files may be parquet or JSONL (one JSON object per line).
 
-Accepted here: the question from `question`, else from the first user message of `prompt` (the text
-after its last "Question:"); the gold answers from `golden_answers`, else `reward_model.ground_truth
-.target` (a list or one string); the benchmark from `data_source` (else the file's stem), put in the
-task's public meta as "group" (reports average per group); the id from `id`, else `extra_info.index`,
-else the row number. A task's answer is its first gold answer; all of them are in the private meta
-"_golden_answers".
+Accepted here, each by the first field present: the question from `question`, else from verl's chat `prompt`
+(its first user message: the text after its last "Question:", or all of it when there is none); the gold
+answers from `golden_answers`, else a top-level `ground_truth`, else verl's `reward_model.ground_truth`, else
+`answer`, each a list (any one of them counts), one string or number, or Search-R1's {"target": [...]}; the
+benchmark from `data_source` (else the file's stem), put in the task's public meta as "group" (reports average
+per group); the id from `id`, else `extra_info.index`, else the row number. A task's answer is its first gold
+answer; all of them are in the private meta "_golden_answers". docs/data.md has the table of layouts.
 
-Problems: a missing or unreadable file, or a missing question / answer column, raises DataError naming
-the file. A row without a question or with no gold answer (or a JSONL line that is not a JSON object)
-is skipped with a warning naming the file and row, and a count; a file with no usable row raises
-DataError. Rows are numbered from 0 in parquet files and lines from 1 in JSONL files. A question that
-repeats is kept once.
+Problems: a missing or unreadable file, a JSON array in a JSONL file, or a missing question / answer column,
+raises DataError naming the file. A row without a question or with no gold answer (or a JSONL line that is not a
+JSON object) is skipped with a warning naming the file, the row and what is wrong, and a count; a file with no
+usable row raises DataError. Rows are numbered from 0 in parquet files and lines from 1 in JSONL files. A question
+that repeats is kept once.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from domains.files import read_rows
+from domains.files import cell_text, read_rows, user_message
 from whale_ray.domain import (
     DataError,
     Splits,
@@ -52,37 +53,34 @@ BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique
 MAX_ROW_WARNINGS = 5  # per file; the summary line always has the total
 
 
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, (dict, list, bool)):
-        return None
-    s = str(value).strip()
-    return s or None
+# where the gold answers are, in order; verl's reward_model.ground_truth comes after the top-level ones
+GOLD_FIELDS = ("golden_answers", "ground_truth", "reward_model.ground_truth", "answer")
 
 
 def _question(record: dict[str, Any]) -> str | None:
-    question = _text(record.get("question"))
+    question = cell_text(record.get("question"))
     if question is not None:
         return question
-    prompt = record.get("prompt")
-    if isinstance(prompt, list):
-        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        prompt = users[0] if users else None
-    if not isinstance(prompt, str) or "Question:" not in prompt:
-        return None
-    return _text(prompt.rsplit("Question:", 1)[1])
+    prompt = user_message(record.get("prompt"))
+    return cell_text(prompt.rsplit("Question:", 1)[-1]) if prompt is not None else None
 
 
-def _answers(record: dict[str, Any]) -> list[str]:
-    golds = record.get("golden_answers")
-    if golds is None:
-        reward = record.get("reward_model")
-        truth = reward.get("ground_truth") if isinstance(reward, dict) else None
-        golds = truth.get("target") if isinstance(truth, dict) else truth
+def _gold(record: dict[str, Any]) -> tuple[str, Any]:
+    """The first gold-answer field present in the row, named, and its value (None: no field)."""
+    reward = record.get("reward_model")
+    nested = reward.get("ground_truth") if isinstance(reward, dict) else None
+    values = {f: nested if f == "reward_model.ground_truth" else record.get(f) for f in GOLD_FIELDS}
+    return next(((f, v) for f, v in values.items() if v is not None), (GOLD_FIELDS[0], None))
+
+
+def _answers(golds: Any) -> list[str]:
+    if isinstance(golds, dict):  # Search-R1's {"target": [...]}
+        golds = golds.get("target")
     if not isinstance(golds, (list, tuple)):
         golds = [golds]
     out: list[str] = []
     for g in golds:
-        t = _text(g)
+        t = cell_text(g)
         if t is not None and t not in out:
             out.append(t)
     return out
@@ -95,9 +93,9 @@ def load_questions(path: Path | str) -> list[Task]:
     columns = rows.columns
     if "question" not in columns and "prompt" not in columns:
         raise DataError(f"data file {path}: missing column 'question' (or a Search-R1 'prompt')")
-    if "golden_answers" not in columns and "reward_model" not in columns:
-        raise DataError(f"data file {path}: missing column 'golden_answers' (or 'reward_model' with "
-                        "ground_truth.target)")
+    if not any(f.split(".")[0] in columns for f in GOLD_FIELDS):
+        raise DataError(f"data file {path}: missing column 'golden_answers' (or 'ground_truth', 'answer', or verl's "
+                        "'reward_model' with ground_truth)")
     tasks: list[Task] = []
     seen_ids: set[str] = set()
     seen_questions: set[str] = set()
@@ -108,8 +106,9 @@ def load_questions(path: Path | str) -> list[Task]:
         if record is None:
             problem = row.problem
         else:
-            question, golds = _question(record), _answers(record)
-            problem = "no question" if question is None else "empty golden_answers" if not golds else None
+            (field, value), question = _gold(record), _question(record)
+            golds = _answers(value)
+            problem = "no question" if question is None else f"empty {field}" if not golds else None
         if problem is not None:
             if skipped < MAX_ROW_WARNINGS:
                 log.warning("data file %s: %s: %s; skipped", path, label, problem)
@@ -119,9 +118,9 @@ def load_questions(path: Path | str) -> list[Task]:
             duplicates += 1
             continue
         seen_questions.add(question)
-        group = _text(record.get("data_source")) or path.stem
+        group = cell_text(record.get("data_source")) or path.stem
         extra = record.get("extra_info")
-        index = _text(record.get("id")) or (_text(extra.get("index")) if isinstance(extra, dict) else None)
+        index = cell_text(record.get("id")) or (cell_text(extra.get("index")) if isinstance(extra, dict) else None)
         task_id = f"{group}-{index if index is not None else n}"
         if task_id in seen_ids:
             task_id = f"{group}-{path.stem}-{label.replace(' ', '')}"

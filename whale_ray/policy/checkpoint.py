@@ -1,5 +1,6 @@
 """A policy checkpoint: any local Hugging Face causal-LM directory (the embedded tiny policy, an imported GGUF, a
-Qwen3.5-2B folder, ...), checked and loaded without touching the network.
+Qwen3.5-2B folder, ...) or a hub id the local hub cache holds (whale_ray/hub.py), checked and loaded without touching
+the network.
 
 A usable checkpoint has a config, a tokenizer with a chat template (every engine renders prompts with it on the
 trusted side) and at least one eos id (the generation config's, else the model config's, and the tokenizer's):
@@ -13,6 +14,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from whale_ray.hub import hub_id, not_cached, resolve_model
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
@@ -25,11 +28,12 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenize
 
 
 def check_checkpoint_dir(model_path: Path | str) -> Path:
-    """`model_path` as a Path, after checking its files look like a local HF causal-LM checkpoint; CheckpointError
-    if not. Reads no weights and loads no tokenizer (`check_checkpoint` does)."""
-    path = Path(model_path).expanduser()
+    """`model_path` as a Path (a hub id as its cached snapshot), after checking its files look like a local HF
+    causal-LM checkpoint; CheckpointError if not. Reads no weights and loads no tokenizer (`check_checkpoint` does)."""
+    path = resolve_model(Path(model_path).expanduser())
     if not path.exists():
-        raise CheckpointError(f"policy checkpoint {path}: no such directory")
+        repo = hub_id(path)
+        raise CheckpointError(f"policy checkpoint {path}: {not_cached(repo) if repo else 'no such directory'}")
     if not path.is_dir():
         raise CheckpointError(f"policy checkpoint {path}: not a directory (expected a Hugging Face checkpoint folder)")
     if not (path / "config.json").is_file():

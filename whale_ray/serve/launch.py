@@ -41,7 +41,7 @@ def endpoint_spec(run_dir: Path | None, model: Path | None, domain: str, harness
     if run_dir is not None:
         return for_run(cfg, base_model(cfg), serve)
     assert model is not None
-    check_checkpoint(model)  # a CheckpointError is a ValueError naming the path
+    model = check_checkpoint(model)  # a hub id: its cached snapshot; a CheckpointError is a ValueError naming it
     if harness is not None and not harness.is_file():
         raise ValueError(f"--harness {harness}: no such file")
     return for_model(model, domain=cfg.domain, harness=harness, policy=PolicyConfig(), sandbox=cfg.sandbox,
