@@ -34,7 +34,8 @@ def check_root(sweep: SweepConfig, root: Path) -> None:
         return
     recorded = dotted_keys(yaml.safe_load(path.read_text()) or {})
     given = dotted_keys(sweep.model_dump(mode="json"))
-    if differ := sorted(k for k in set(recorded) | set(given) if recorded.get(k) != given.get(k)):
+    if differ := sorted(k for k in set(recorded) | set(given)
+                        if recorded.get(k) != given.get(k) and not k.startswith("base.tracking")):  # no part of it
         raise ConfigError(f"--root {root}: holds another sweep (differs in {', '.join(differ[:5])}); rerun with the "
                           "same sweep to resume it, or choose another root")
 
