@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from pathlib import Path
@@ -21,8 +22,19 @@ class MlflowTracker:
     def __init__(self, section: Any, run_dir: Path, experiment: str):
         self.target = section.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run_dir.parent / 'mlflow.db'}"
         self.experiment = section.experiment or experiment
-        self.client = MlflowClient(tracking_uri=self.target)
+        self.client: MlflowClient | None = None
         self.run_id: str | None = None
+
+    def _connect(self) -> MlflowClient:
+        """The client; a new SQLite store's tables are made under a file lock, since trials side by side that
+        each make them race in MLflow's schema migration."""
+        if not self.target.startswith("sqlite:///"):
+            return MlflowClient(tracking_uri=self.target)
+        with open(self.target.removeprefix("sqlite:///") + ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            client = MlflowClient(tracking_uri=self.target)
+            client.search_experiments(max_results=1)  # the store is made (and migrated) by its first use
+            return client
 
     def _artifact_location(self) -> str | None:
         """Beside a SQLite store (MLflow's default would be relative to the working directory); a server's own."""
@@ -40,6 +52,7 @@ class MlflowTracker:
             return self.client.get_experiment_by_name(self.experiment).experiment_id
 
     def open(self, name: str, tags: dict[str, str], resume: dict[str, Any] | None) -> dict[str, Any]:
+        self.client = self._connect()
         if resume:
             self.run_id = resume["run_id"]
             self.client.update_run(self.run_id, status="RUNNING")

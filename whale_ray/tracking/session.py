@@ -71,8 +71,9 @@ class Guarded:
 
     def fail(self, what: str, why: str) -> None:
         self.down = True
-        self.events.emit("tracker_failed", f"tracking: {self.name} at {self.target} failed to {what} ({why}); the "
-                         "run goes on without it", tracker=self.name, target=self.target)
+        where = f" at {self.target}" if self.target else ""
+        self.events.emit("tracker_failed", f"tracking: {self.name}{where} failed to {what} ({why}); the run goes on "
+                         "without it", tracker=self.name, target=self.target)
 
 
 class TrackingSession:
@@ -93,7 +94,7 @@ class TrackingSession:
             try:
                 tracker = make_tracker(name, getattr(self.cfg, name), self.run_dir, self.experiment)
             except Exception as e:  # noqa: BLE001 - a missing package, a URI its client refuses
-                Guarded(name, "?", self.cfg.timeout_s, events).fail("start", f"{type(e).__name__}: {e}")
+                Guarded(name, "", self.cfg.timeout_s, events).fail("start", f"{type(e).__name__}: {e}")
                 continue
             self.live[name] = (tracker, Guarded(name, tracker.target, self.cfg.timeout_s, events))
         self._thread.start()
@@ -126,7 +127,9 @@ class TrackingSession:
                     mine.update(resume=resume, opened=True)
                 if not mine["params"]:
                     guard.call("log params", tracker.log_params, params(self.run_dir))
-                    mine["params"] = not guard.down
+                    if guard.down:
+                        continue
+                    mine["params"] = True
                 for axis in AXES:
                     for point in points(self.run_dir, state, axis, mine[axis]):
                         guard.call(f"log {axis} step {point.step}", tracker.log_point, point)
@@ -187,7 +190,7 @@ def log_comparison(cfg: TrackingConfig, root: Path, out: Path, experiment: str) 
     try:
         tracker = make_tracker("mlflow", cfg.mlflow, out, experiment)
     except Exception as e:  # noqa: BLE001
-        Guarded("mlflow", "?", cfg.timeout_s, events).fail("start", f"{type(e).__name__}: {e}")
+        Guarded("mlflow", "", cfg.timeout_s, events).fail("start", f"{type(e).__name__}: {e}")
         return
     guard = Guarded("mlflow", tracker.target, cfg.timeout_s, events)
     path = out / RECORD_FILE
