@@ -373,7 +373,7 @@ class TrackingConfig(_Strict):
     tensorboard: Optional[TensorBoardTrackingConfig] = None
     wandb: Optional[WandbTrackingConfig] = None
     poll_s: float = Field(2.0, gt=0)  # how often the run directory is read for new steps, iterations and cycles
-    timeout_s: float = Field(20.0, gt=0)
+    timeout_s: float = Field(30.0, gt=0)
 
     def enabled(self) -> list[str]:
         return [name for name in TRACKER_SECTIONS if getattr(self, name) is not None]

@@ -58,6 +58,10 @@ def run_sweep(sweep: SweepConfig, root: Path, base_model: str, naming: str = "in
     check_root(sweep, root)
     if not (root / RECORD).is_file():
         atomic_write_text(root / RECORD, yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False))
+    from whale_ray.config import TrackingConfig
+    from whale_ray.tracking.session import prepare_sweep, sweep_experiment
+
+    prepare_sweep(TrackingConfig.model_validate(sweep.base.get("tracking") or {}), root, sweep_experiment(root, naming))
     grid = make_tuner(sweep, root, base_model, naming).fit()
     rows = []
     for result in grid:

@@ -51,6 +51,11 @@ class MlflowTracker:
         except MlflowException:  # another trial created it first
             return self.client.get_experiment_by_name(self.experiment).experiment_id
 
+    def prepare(self) -> str:
+        """The store and the experiment, made if missing; the experiment's id."""
+        self.client = self._connect()
+        return self._experiment_id()
+
     def open(self, name: str, tags: dict[str, str], resume: dict[str, Any] | None) -> dict[str, Any]:
         self.client = self._connect()
         if resume:

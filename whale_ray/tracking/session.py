@@ -153,8 +153,8 @@ class TrackingSession:
             log.warning("tracking: the run directory %s could not be read for its last records (%s)", self.run_dir, e)
             return
         for name, (tracker, guard) in self.live.items():
-            if not self.record.get(name, {}).get("opened"):
-                continue  # down, or the run ended before its directory was made
+            if guard.down or not self.record.get(name, {}).get("opened"):
+                continue  # the run ended before its directory was made
             if state is not None:
                 guard.call("log artifacts", tracker.log_files, files(self.run_dir, state))
             guard.call("close its run", tracker.close, status)
@@ -178,6 +178,22 @@ def track_run(cfg: WhaleConfig, experiment: str = "whale", tags: dict[str, str] 
         raise
     finally:
         session.finish(status)
+
+
+def prepare_sweep(cfg: TrackingConfig, root: Path, experiment: str) -> None:
+    """The sweep's MLflow store and experiment made once, by the driver, before trials side by side would each make
+    them (and wait on one another within their tracker's timeout)."""
+    if cfg.mlflow is None:
+        return
+    from whale_ray.tracking.mlflow_tracker import MlflowTracker
+
+    events = EventLog(Path(root).resolve())
+    try:
+        tracker = MlflowTracker(cfg.mlflow, Path(root).resolve() / "trial", experiment)  # a trial's: the store beside it
+    except Exception as e:  # noqa: BLE001
+        Guarded("mlflow", "", cfg.timeout_s, events).fail("start", f"{type(e).__name__}: {e}")
+        return
+    Guarded("mlflow", tracker.target, cfg.timeout_s, events).call("make its experiment", tracker.prepare)
 
 
 def log_comparison(cfg: TrackingConfig, root: Path, out: Path, experiment: str) -> None:
