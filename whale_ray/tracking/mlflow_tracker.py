@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -80,9 +82,14 @@ class MlflowTracker:
             self.client.log_text(self.run_id, text, name)
 
     def log_files(self, files: dict[str, Path]) -> None:
-        for name, path in files.items():
-            folder = str(Path(name).parent)
-            self.client.log_artifact(self.run_id, str(path), artifact_path=None if folder == "." else folder)
+        """Each file under its name (log_artifact keeps a file's own name: archive/<id>/harness.py is harness.py)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, path in files.items():
+                named = Path(tmp) / name
+                named.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, named)
+                folder = str(Path(name).parent)
+                self.client.log_artifact(self.run_id, str(named), artifact_path=None if folder == "." else folder)
 
     def close(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status)

@@ -34,8 +34,8 @@ class WandbTracker:
         self.run.summary.update(point.tags)
 
     def log_files(self, files: dict[str, Path]) -> None:
-        for path in files.values():
-            self.run.save(str(path), base_path=str(path.parent), policy="now")
+        for path in files.values():  # by their place in the run directory (archive/<id>/harness.py)
+            self.run.save(str(path), base_path=str(self.dir), policy="now")
 
     def close(self, status: str) -> None:
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
