@@ -1,8 +1,8 @@
 """A small real study shared by the study, compare and report tests: `whale study` itself (its CLI, in a
 subprocess with its own local Ray cluster), two conditions × two seeds of math runs with the embedded test
-policy and real sandboxes. One cycle each at the smallest budgets; the seed harness guesses
-(run_truth.guessing_math_harness) so rewards vary between seeds and pairs, and means and standard deviations
-have something to get wrong."""
+policy and real sandboxes, tracked in MLflow and TensorBoard. One cycle each at the smallest budgets; the seed
+harness guesses (run_truth.guessing_math_harness) so rewards vary between seeds and pairs, and means and standard
+deviations have something to get wrong."""
 
 from __future__ import annotations
 
@@ -25,11 +25,12 @@ E = 0.25  # given as a flag: the study's flags reach every pair
 def study_argv(root: Path, config: Path) -> list[str]:
     return [sys.executable, "-m", "whale_ray.cli", "study", "--conditions", ",".join(CONDITIONS),
             "--seeds", str(len(SEEDS)), "--first-seed", str(SEEDS[0]), "--E", str(E), "--config", str(config),
-            "--root", str(root)]
+            "--root", str(root), "--track", "mlflow,tensorboard"]  # tests/test_tracking.py reads both
 
 
 def run_study(root: Path, config: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local cluster
+    # its own local cluster, and MLflow's default store (<root>/mlflow.db)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
     return subprocess.run(study_argv(root, config), capture_output=True, text=True, env=env)
 
 

@@ -53,7 +53,8 @@ def rows(run_dir: Path, prefix: str) -> int:
 
 
 def timeless(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k != "wall_s"} for row in rows]
+    """History rows without their clocks: the cycle's wall time, and the proposer's in the row's ledger."""
+    return [{**{k: v for k, v in row.items() if k not in ("wall_s", "ledger")}, "ledger": spent(row)} for row in rows]
 
 
 def spent(s: dict) -> dict:

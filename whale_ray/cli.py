@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, get_args
 
-from whale_ray.config import CONDITIONS, ConfigError, WhaleConfig, load_config
+from whale_ray.config import CONDITIONS, TRACKER_SECTIONS, ConfigError, WhaleConfig, load_config, with_trackers
 from whale_ray.domain import domain_names
 from whale_ray.launch import InputError, base_model, check_inputs, console, start_ray
 from whale_ray.resources import ResourceError, resolve_run_dir
@@ -83,6 +83,22 @@ def _evaluators(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"{text!r}: a count of evaluators, or 'auto'") from None
 
 
+def _trackers(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name not in TRACKER_SECTIONS:
+            raise argparse.ArgumentTypeError(f"unknown tracker {name!r}; choose from {', '.join(TRACKER_SECTIONS)}")
+    return names
+
+
+def add_tracking_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--track", type=_trackers, default=[],
+                        help="mirror the run(s) to these trackers, comma-separated: mlflow, tensorboard, wandb "
+                             "(offline; where installed); the config's tracking: section")
+    parser.add_argument("--mlflow-uri", help="MLflow tracking URI (turns MLflow on; default $MLFLOW_TRACKING_URI, else "
+                                             "SQLite beside the run directory: <run_dir>/../mlflow.db)")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="whale", description="WHALE: alternate weight and harness optimisation.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,6 +141,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="keep the OpenAI-compatible endpoint up for the whole run, following its checkpoints "
                           "(the config's serve: section; whale serve --help)")
     run.add_argument("--serve-port", type=int, help=helps("the endpoint's port", "serve.port"))
+    add_tracking_flags(run)
     add_serve_parser(sub)
     sub.add_parser("doctor", help="which sandbox isolation layers are active on this machine, and why not")
     status = sub.add_parser("status", help="where a run stands (cycle, phase, rollouts, best, last events), "
@@ -148,6 +165,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sweep.add_argument("file", type=Path, help="sweep YAML (see tune_configs/ and whale_ray/sweep/space.py)")
     sweep.add_argument("--root", type=Path, default=Path("runs/sweep"), help="folder of the trials' run directories")
     sweep.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    add_tracking_flags(sweep)
     study = sub.add_parser("study", help="every (condition, seed) pair on one budget, side by side, each in its own "
                                          "run directory under --root; rerun to resume")
     study.add_argument("--conditions", default="all", help=f"'all' or a comma-separated list of {', '.join(CONDITIONS)}")
@@ -162,6 +180,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     study.add_argument("--max-concurrent", type=int, help="pairs side by side (default: as many as the cluster holds)")
     study.add_argument("--root", type=Path, default=Path("runs/study"), help="folder of the pairs' run directories")
     study.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    add_tracking_flags(study)
     add_calibrate_parser(sub)
     return parser.parse_args(argv)
 
@@ -264,6 +283,7 @@ def resolve_config(args: argparse.Namespace) -> WhaleConfig:
     cfg = load_config(args.config, overrides)
     # actors may run elsewhere; config.yaml records where (under `storage:` when run_dir is relative)
     cfg.run_dir = resolve_run_dir(cfg.run_dir, cfg.storage)
+    cfg.tracking = cfg.tracking.turned_on(args.track, args.mlflow_uri)
     return cfg
 
 
@@ -330,21 +350,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     from whale_ray.report import cycle_table, ledger_lines, mean_at, metrics_table, write_report
     from whale_ray.run_state import CycleRow, RunState
     from whale_ray.serve.launch import run_endpoint
+    from whale_ray.tracking import track_run
 
-    try:
-        # the endpoint first (it serves θ0 until the first checkpoint), down after the run however it ends
-        with run_endpoint(cfg, model, console.print) if cfg.serve.enabled else contextlib.nullcontext():
-            coordinator = start_coordinator(cfg, model)
-            try:
-                watch(coordinator, coordinator.run.remote())
-            except ray.exceptions.RayTaskError as e:
-                if isinstance(e.cause, InputError):  # an actor that cannot start on its input: its one line
-                    raise e.cause from None
-                raise
-    finally:
-        ray.shutdown()
-    state = RunState.load(cfg.run_dir)
-    report = write_report(cfg.run_dir, state)
+    with track_run(cfg):  # the run directory mirrored to the trackers while it runs, the report page at the end
+        try:
+            # the endpoint first (it serves θ0 until the first checkpoint), down after the run however it ends
+            with run_endpoint(cfg, model, console.print) if cfg.serve.enabled else contextlib.nullcontext():
+                coordinator = start_coordinator(cfg, model)
+                try:
+                    watch(coordinator, coordinator.run.remote())
+                except ray.exceptions.RayTaskError as e:
+                    if isinstance(e.cause, InputError):  # an actor that cannot start on its input: its one line
+                        raise e.cause from None
+                    raise
+        finally:
+            ray.shutdown()
+        state = RunState.load(cfg.run_dir)
+        report = write_report(cfg.run_dir, state)
     console.print(cycle_table([CycleRow(**r.model_dump()) for r in state.history], title="WHALE run summary"))
     if metrics := metrics_table(state.history):
         console.print(f"D_test beyond {mean_at(state.history)} (θ*, h*):\n" + metrics, highlight=False)
@@ -360,6 +382,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from whale_ray.sweep.command import run_command
 
     sweep = load_sweep(args.file)
+    sweep.base = with_trackers(sweep.base, args.track, args.mlflow_uri)
     return run_command(sweep, args.root, args.ray_address, "index", f"sweep {args.file}, best first by {sweep.metric}")
 
 

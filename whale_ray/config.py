@@ -359,6 +359,57 @@ class ServeConfig(_Strict):
         return self
 
 
+class MlflowTrackingConfig(_Strict):
+    # any MLflow tracking URI; None: $MLFLOW_TRACKING_URI, else a SQLite store beside the run directory
+    # (<run_dir>/../mlflow.db, so a sweep's or a study's trials share <root>/mlflow.db)
+    uri: Optional[str] = None
+    experiment: Optional[str] = None  # None: "whale" for a run, whale-sweep-<root> / whale-study-<root> for trials
+
+
+class TensorBoardTrackingConfig(_Strict):
+    log_dir: Optional[Path] = None  # None: <run_dir>/tensorboard
+
+
+class WandbTrackingConfig(_Strict):
+    project: str = "whale-ray"  # offline: written under <run_dir>/wandb, for `wandb sync` later
+
+
+TRACKER_SECTIONS = {"mlflow": MlflowTrackingConfig, "tensorboard": TensorBoardTrackingConfig, "wandb": WandbTrackingConfig}
+
+
+class TrackingConfig(_Strict):
+    """Where a run is mirrored as it goes (whale_ray/tracking/): a tracker is on when its section is given (`mlflow:
+    {}` for the defaults; `whale run --track mlflow,tensorboard`). The run directory stays the truth; a tracker
+    that fails or does not answer within `timeout_s` is named in one warning and dropped for the launch."""
+
+    mlflow: Optional[MlflowTrackingConfig] = None
+    tensorboard: Optional[TensorBoardTrackingConfig] = None
+    wandb: Optional[WandbTrackingConfig] = None
+    poll_s: float = Field(2.0, gt=0)  # how often the run directory is read for new steps, iterations and cycles
+    timeout_s: float = Field(30.0, gt=0)
+
+    def enabled(self) -> list[str]:
+        return [name for name in TRACKER_SECTIONS if getattr(self, name) is not None]
+
+    def turned_on(self, names: list[str], mlflow_uri: Optional[str] = None) -> "TrackingConfig":
+        """This section with the named trackers on (`--track`), their sections kept where given, and `--mlflow-uri`."""
+        out = self.model_copy(deep=True)
+        for name in [*names, *(["mlflow"] if mlflow_uri else [])]:
+            if getattr(out, name) is None:
+                setattr(out, name, TRACKER_SECTIONS[name]())
+        if mlflow_uri:
+            out.mlflow.uri = mlflow_uri
+        return out
+
+
+def with_trackers(tree: dict[str, Any], names: list[str], mlflow_uri: Optional[str]) -> dict[str, Any]:
+    """A config tree (a sweep's or a study's base) with `--track` and `--mlflow-uri` applied to its tracking section."""
+    if not names and not mlflow_uri:
+        return tree
+    section = TrackingConfig.model_validate(tree.get("tracking") or {}).turned_on(names, mlflow_uri)
+    return {**tree, "tracking": section.model_dump(mode="json", exclude_none=True)}
+
+
 class EvalConfig(_Strict):
     test_samples: int = Field(8, gt=0)  # mean@8
     val_samples: int = Field(4, gt=0)
@@ -389,6 +440,7 @@ class WhaleConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)  # each role's Ray resources (resources.py)
     serve: ServeConfig = Field(default_factory=ServeConfig)  # the live endpoint (whale run --serve)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)  # MLflow, TensorBoard, W&B (off by default)
     # Where the run directory (when run_dir is relative) and the embedded-policy cache live: a path that every
     # node mounts, or a file:// URI; None: run_dir as given and $WHALE_CACHE (or ~/.cache/whale-ray).
     storage: Optional[str] = None

@@ -44,8 +44,8 @@ def check_inputs(cfg: WhaleConfig) -> None:
     check_proposer(cfg)
     from whale_ray.loop import RunDirectory
 
-    conflicts = [c for c in RunDirectory(cfg.run_dir).config_conflicts(cfg) if not c.startswith("serve.")]
-    if conflicts:  # the endpoint (serve.*) is no part of a run's identity
+    conflicts = [c for c in RunDirectory(cfg.run_dir).config_conflicts(cfg) if not c.startswith(("serve.", "tracking."))]
+    if conflicts:  # the endpoint (serve.*) and the trackers (tracking.*) are no part of a run's identity
         raise InputError(f"--run-dir {cfg.run_dir}: holds a run with a different config ({'; '.join(conflicts[:5])}); "
                          "relaunch with the same options to resume, or choose another run directory")
 

@@ -82,6 +82,19 @@ class CycleRow(BaseModel):
     wall_s: float
     # D_test of (θ*, h*) beyond mean@8: truncation_rate, the domain's metrics, "group:<name>" means
     test_metrics: dict[str, float] = Field(default_factory=dict)
+    ledger: Optional[Ledger] = None  # the run's ledgers when the row was recorded (None: rows of older runs)
+
+
+class IterationRow(BaseModel):
+    """One harness iteration as it ended: what its candidates scored and which harness it left accepted."""
+
+    iteration: int  # archive-wide, as the archive and proposer/iter-NNNN number it
+    cycle: int
+    candidates: dict[str, Optional[float]]  # candidate id -> D_harness success (None: rejected before evaluation)
+    accepted: str
+    accepted_success: float
+    proposer_tokens: int  # the proposer ledger so far
+    proposer_cost_usd: float
 
 
 RolloutPhase = Literal["weight", "validate", "harness", "val", "test"]
@@ -126,6 +139,7 @@ class RunState(BaseModel):
     ledger: Ledger = Field(default_factory=Ledger)
     cycle_start: Optional[Ledger] = None  # the ledger when the current cycle began
     history: list[CycleRow] = Field(default_factory=list)
+    iterations: list[IterationRow] = Field(default_factory=list)  # every harness iteration on record
     evaluations: list[Evaluation] = Field(default_factory=list)
     phase_wall_s: dict[str, float] = Field(default_factory=dict)
     cycle_wall_s: float = 0.0  # the current cycle's work so far, over every launch

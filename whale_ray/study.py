@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import yaml
 
-from whale_ray.config import CONDITIONS, ConfigError
+from whale_ray.config import CONDITIONS, ConfigError, TrackingConfig, with_trackers
 from whale_ray.sweep.space import SweepConfig, parse_sweep
 
 
@@ -78,12 +78,14 @@ def run_study(args: Any) -> int:
     """The `whale study` command (argparse in whale_ray/cli.py)."""
     from whale_ray import launch
     from whale_ray.sweep.command import run_command
+    from whale_ray.tracking.session import log_comparison, sweep_experiment
 
     conditions = parse_conditions(args.conditions)
     overrides = {"domain": args.domain, "E": args.E, "I": args.I, "cycles": args.cycles,
                  "policy.model": model_override(args.model)}
-    sweep = study_sweep(conditions, list(range(args.first_seed, args.first_seed + args.seeds)),
-                        base_tree(args.config, overrides), args.max_concurrent)
+    base = with_trackers(base_tree(args.config, overrides), args.track, args.mlflow_uri)
+    sweep = study_sweep(conditions, list(range(args.first_seed, args.first_seed + args.seeds)), base,
+                        args.max_concurrent)
     code = run_command(sweep, args.root, args.ray_address, "study",
                        f"study: {len(conditions)} condition(s) x {args.seeds} seed(s), best first by best val")
     try:  # `whale compare` (whale_ray/compare.py), where it is installed
@@ -95,6 +97,8 @@ def run_study(args: Any) -> int:
         runs, notes = compare.load_runs([Path(args.root)])
         out = compare.write_comparison(compare.compare(runs, notes), Path(args.root) / "compare")
         launch.console.print(f"comparison: {out} (compare.md, compare.csv, index.html)")
+        log_comparison(TrackingConfig.model_validate(base.get("tracking") or {}), Path(args.root), out,
+                       sweep_experiment(args.root, "study"))
     except compare.CompareError as e:  # no pair reported a cycle, say: the study's own table stands
         launch.console.print(f"compare: {e}", highlight=False)
     return code

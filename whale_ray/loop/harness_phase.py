@@ -33,7 +33,7 @@ from whale_ray.proposers.session import (
     total_usage,
     write_session,
 )
-from whale_ray.run_state import PhaseProgress
+from whale_ray.run_state import IterationRow, PhaseProgress
 from whale_ray.schedules import Phase, harness_phase_should_stop
 
 
@@ -65,8 +65,16 @@ class HarnessSearch:
             prog.units_done += 1
             prog.wall_s += time.perf_counter() - started
             state.ledger.harness_iterations += 1
+            state.iterations.append(IterationRow(
+                iteration=iteration, cycle=cycle, accepted=best.id, accepted_success=best.success_rate,
+                candidates={cid: self.success(cid) for cid in candidates},
+                proposer_tokens=state.ledger.proposer_tokens, proposer_cost_usd=state.ledger.proposer_cost_usd))
             ctx.run.commit()
             ctx.progress.set(detail=f"iteration {prog.units_done}: accepted {best.id} (success {best.success_rate:.3f})")
+
+    def success(self, cid: str) -> float | None:
+        c = self.ctx.archive.get(cid)
+        return c.success_rate if c.status == "evaluated" else None
 
     def incumbent(self) -> Candidate | None:
         """The accepted harness, when its scores were measured under the current weights."""

@@ -94,6 +94,7 @@ class WhaleLoop:
             weight_version=state.weight_version, val=val.mean, best_val=best.val,
             best=f"v{best.weight_version}+{best.harness_id}", test_mean8=test.mean, test_samples=cfg.eval.test_samples,
             wall_s=round(self.ctx.run.cycle_elapsed() if phases else 0.0, 1), test_metrics=test.metrics,
+            ledger=spent.model_copy(),
         )
         state.best = best
         state.history.append(row)

@@ -34,7 +34,8 @@ def check_root(sweep: SweepConfig, root: Path) -> None:
         return
     recorded = dotted_keys(yaml.safe_load(path.read_text()) or {})
     given = dotted_keys(sweep.model_dump(mode="json"))
-    if differ := sorted(k for k in set(recorded) | set(given) if recorded.get(k) != given.get(k)):
+    if differ := sorted(k for k in set(recorded) | set(given)
+                        if recorded.get(k) != given.get(k) and not k.startswith("base.tracking")):  # no part of it
         raise ConfigError(f"--root {root}: holds another sweep (differs in {', '.join(differ[:5])}); rerun with the "
                           "same sweep to resume it, or choose another root")
 
@@ -57,6 +58,10 @@ def run_sweep(sweep: SweepConfig, root: Path, base_model: str, naming: str = "in
     check_root(sweep, root)
     if not (root / RECORD).is_file():
         atomic_write_text(root / RECORD, yaml.safe_dump(sweep.model_dump(mode="json"), sort_keys=False))
+    from whale_ray.config import TrackingConfig
+    from whale_ray.tracking.session import prepare_sweep, sweep_experiment
+
+    prepare_sweep(TrackingConfig.model_validate(sweep.base.get("tracking") or {}), root, sweep_experiment(root, naming))
     grid = make_tuner(sweep, root, base_model, naming).fit()
     rows = []
     for result in grid:

@@ -126,6 +126,7 @@ def run_trial(params: dict[str, Any]) -> None:
 
     from actors.coordinator import Coordinator
     from whale_ray.run_state import CycleRow
+    from whale_ray.tracking import track_run, trial_tracking
 
     if os.path.isdir(params["cwd"]):  # Tune starts trials in their own folder; relative paths are the driver's
         os.chdir(params["cwd"])  # (on another node that folder may not exist: give paths there absolute)
@@ -144,7 +145,7 @@ def run_trial(params: dict[str, Any]) -> None:
 
     def report(row: CycleRow) -> None:
         ledger = coordinator.loop.state.ledger
-        tune.report({**row.model_dump(), **values, "training_rollouts": ledger.training_rollouts,
+        tune.report({**row.model_dump(exclude={"ledger"}), **values, "training_rollouts": ledger.training_rollouts,
                      "run_dir": str(cfg.run_dir)})
         reported.append(row.cycle)
 
@@ -153,20 +154,22 @@ def run_trial(params: dict[str, Any]) -> None:
             report(row)
 
     outcome = "stopped"
-    try:
-        history = coordinator.run(on_cycle=on_cycle)
-        outcome = "finished"
-    except BaseException as e:  # SystemExit is Tune stopping the trial at a report
-        outcome = "stopped" if isinstance(e, SystemExit) else f"error: {e!r}"[:300]
-        raise
-    finally:
-        _record(cfg.run_dir, event="end", outcome=outcome, trial_id=trial_id)
-    try:  # each run's report page, as `whale run` writes it (whale compare links them); never a reason to fail
-        from whale_ray.report import write_report
+    experiment, tags = trial_tracking(params["root"], params.get("naming", "index"), trial_id, values)
+    with track_run(cfg, experiment, tags):  # the trial as a run of the sweep's experiment, its values as tags
+        try:
+            history = coordinator.run(on_cycle=on_cycle)
+            outcome = "finished"
+        except BaseException as e:  # SystemExit is Tune stopping the trial at a report
+            outcome = "stopped" if isinstance(e, SystemExit) else f"error: {e!r}"[:300]
+            raise
+        finally:
+            _record(cfg.run_dir, event="end", outcome=outcome, trial_id=trial_id)
+        try:  # each run's report page, as `whale run` writes it (whale compare links them); never a reason to fail
+            from whale_ray.report import write_report
 
-        write_report(cfg.run_dir)
-    except Exception as e:  # noqa: BLE001
-        _record(cfg.run_dir, event="report", error=repr(e)[:300], trial_id=trial_id)
+            write_report(cfg.run_dir)
+        except Exception as e:  # noqa: BLE001
+            _record(cfg.run_dir, event="report", error=repr(e)[:300], trial_id=trial_id)
     if history and history[-1].cycle not in reported:
         report(history[-1])  # also a finished run resumed after its last report was lost
 
