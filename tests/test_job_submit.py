@@ -354,7 +354,9 @@ def test_job_stop_and_resubmit_resume_under_a_live_endpoint(cluster, uninterrupt
         assert v >= last.get(i, 0), (i, v, last)  # and no client ever sees the version go down
         last[i] = v
     versions = {v for _, _, v, _ in endpoint.seen}
-    assert final > 0 and versions >= {0, final} and len(versions) >= 3, versions  # θ0, the steps, the last
+    # the steps and the last; θ0 too only when a client's first call beats the first weight step, which on a
+    # loaded machine it need not
+    assert final > 0 and final in versions and len(versions) >= 3, versions
     assert endpoint.replicas == 2, f"the endpoint never scaled past {endpoint.replicas} replica(s)"
     assert code == 0 and "the endpoint is down" in text, text[-3000:]
     assert "whale" not in serve_apps(c)  # the app is gone (and Serve with it: this `whale serve` started it)
