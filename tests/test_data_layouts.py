@@ -104,6 +104,19 @@ def test_math_bad_rows_name_the_file_the_row_and_what_is_wrong(tmp_path, caplog)
         math_data.load_tasks(no_answer)
 
 
+@pytest.mark.parametrize("write", [parquet, jsonl], ids=["parquet", "jsonl"])
+def test_math_gsm8k_as_published_answers_with_what_follows_its_marks(write, tmp_path):
+    rows = [{"question": "Natalia sold 48 clips in April and half as many in May. How many in all?",
+             "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nShe sold 48+24 = <<48+24=72>>72 clips.\n#### 72"},
+            {"question": "A plane costs 1,200 a seat. What do 5 seats cost?",
+             "answer": "5 * 1,200 = <<5*1200=6000>>6000\n#### 6,000"}]
+    tasks = math_data.load_tasks(write(tmp_path / f"gsm8k.{write.__name__}", rows))
+    assert [t.answer for t in tasks] == ["72", "6000"]
+    from domains.math_reasoning.verifier import verify
+
+    assert verify(tasks[0], "48 + 24 = 72, so \\boxed{72}") == 1.0 and verify(tasks[1], "\\boxed{6,000}") == 1.0
+
+
 # --- search_qa -------------------------------------------------------------------------------------
 
 
@@ -121,6 +134,18 @@ def test_search_ground_truth_string_number_or_list(tmp_path):
 def test_search_nq_open_answer_lists(tmp_path):
     path = parquet(tmp_path / "nq_open.parquet", [{"question": "where is the eiffel tower", "answer": ["Paris"]}])
     assert [verifier.golden_answers(t) for t in search_data.load_questions(path)] == [["Paris"]]
+
+
+@pytest.mark.parametrize("write", [parquet, jsonl], ids=["parquet", "jsonl"])
+def test_search_triviaqa_as_published_counts_the_value_and_every_alias(write, tmp_path):
+    rows = [{"question": "Which Lloyd Webber musical premiered in 1993?", "question_id": "tc_33",
+             "answer": {"value": "Sunset Boulevard", "aliases": ["Sunset Blvd", "Sunset Boulevard"],
+                        "normalized_value": "sunset boulevard", "type": "WikipediaEntity"}},
+            {"question": "Who was the man behind The Chipmunks?", "question_id": "tc_40",
+             "answer": {"value": "David Seville", "aliases": [], "normalized_value": "david seville"}}]
+    tasks = search_data.load_questions(write(tmp_path / f"triviaqa.{write.__name__}", rows))
+    assert [verifier.golden_answers(t) for t in tasks] == [["Sunset Boulevard", "Sunset Blvd"], ["David Seville"]]
+    assert verifier.verify(tasks[0], "<answer>sunset blvd</answer>") == 1.0
 
 
 def test_search_verl_parquet_loads(tmp_path):

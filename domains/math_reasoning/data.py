@@ -5,10 +5,11 @@ A file is parquet, or JSONL with one JSON object per line. Its rows give, each b
     message's content; a plain string is taken as it is) less the instruction verl's or DAPO's preprocessing
     wrapped around the problem (PROMPT_PREFIXES, PROMPT_SUFFIXES);
   * the answer: verl's `reward_model.ground_truth`, else a top-level `ground_truth` / `Answer` / `answer`; a
-    number becomes its text ("70", never "70.0");
+    number becomes its text ("70", never "70.0"); GSM8K's own `answer` (a worked solution ending in `#### 72`)
+    gives what follows its last `####`;
   * the id: `ID` / `id`, else `extra_info.index`, else the row number; the source (task meta "source"):
     `data_source`, else the file's stem.
-So DAPO-Math-17K, verl's own GSM8K and MATH parquet, AIME 2024/2025 and files with a `ground_truth` column all
+So DAPO-Math-17K, GSM8K as published, verl's GSM8K and MATH parquet, AIME 2024/2025 and files with a `ground_truth` column all
 load; docs/data.md has the table of layouts.
 
 Problems: a missing, unreadable or wrongly named file, a JSON array in a JSONL file, or no question or no answer
@@ -63,6 +64,7 @@ PROMPT_SUFFIXES = (
 QUESTION_COLUMNS = ("Problem", "problem", "question")  # else verl's `prompt`
 ANSWER_COLUMNS = ("ground_truth", "Answer", "answer")  # after verl's `reward_model.ground_truth`
 ID_COLUMNS = ("ID", "id")  # else `extra_info.index`
+GSM8K_FINAL = "####"  # GSM8K's solutions end in "#### <answer>"
 MAX_ROW_WARNINGS = 5  # per file; the summary line always has the total
 
 
@@ -92,7 +94,13 @@ def _question(record: dict[str, Any]) -> Any:
 def _answer(record: dict[str, Any]) -> Any:
     reward = record.get("reward_model")
     truth = reward.get("ground_truth") if isinstance(reward, dict) else None
-    return truth if truth is not None else _first(record, ANSWER_COLUMNS)
+    answer = truth if truth is not None else _first(record, ANSWER_COLUMNS)
+    # GSM8K's answer is the worked solution, its final answer after "####": the verifier compares one number, so
+    # the whole solution would be a gold answer no completion ever matches (a thousands comma is dropped, as the
+    # verifier reads numbers)
+    if isinstance(answer, str) and GSM8K_FINAL in answer:
+        return answer.rsplit(GSM8K_FINAL, 1)[1].strip().replace(",", "")
+    return answer
 
 
 def _index(record: dict[str, Any]) -> Any:

@@ -11,7 +11,8 @@ Files may be parquet or JSONL (one JSON object per line).
 Accepted here, each by the first field present: the question from `question`, else from verl's chat `prompt`
 (its first user message: the text after its last "Question:", or all of it when there is none); the gold
 answers from `golden_answers`, else a top-level `ground_truth`, else verl's `reward_model.ground_truth`, else
-`answer`, each a list (any one of them counts), one string or number, or Search-R1's {"target": [...]}; the
+`answer`, each a list (any one of them counts), one string or number, Search-R1's {"target": [...]}, or
+TriviaQA's {"value": ..., "aliases": [...]} (the value and every alias count); the
 benchmark from `data_source` (else the file's stem), put in the task's public meta as "group" (reports average
 per group); the id from `id`, else `extra_info.index`, else the row number. A task's answer is its first gold
 answer; all of them are in the private meta "_golden_answers". docs/data.md has the table of layouts.
@@ -74,8 +75,10 @@ def _gold(record: dict[str, Any]) -> tuple[str, Any]:
 
 
 def _answers(golds: Any) -> list[str]:
-    if isinstance(golds, dict):  # Search-R1's {"target": [...]}
-        golds = golds.get("target")
+    if isinstance(golds, dict) and "target" in golds:  # Search-R1's {"target": [...]}
+        golds = golds["target"]
+    elif isinstance(golds, dict):  # TriviaQA's {"value": ..., "aliases": [...], "normalized_...": ...}
+        golds = [golds.get("value"), *(golds.get("aliases") or [])]
     if not isinstance(golds, (list, tuple)):
         golds = [golds]
     out: list[str] = []
