@@ -1,7 +1,7 @@
 """The Trainer actor: online RSFT steps on Ray Train workers, weights out as object refs.
 
-Design. One `TorchTrainer.fit()` costs ~12-15 s of start/stop on a 2-core machine even with an empty
-training loop (measured, Ray 2.60 / Train V2), far more than an RSFT step on a small model, so the Trainer
+Design. One `TorchTrainer.fit()` costs seconds of start/stop even with an empty training loop
+(docs/performance.md), far more than an RSFT step on a small model, so the Trainer
 does not run a fit per step. It starts ONE long-lived fit (a "session") the first time it needs the
 workers and keeps it until `release_workers()` or `shutdown()`. The fit runs in a background thread of the
 actor; `train_loop_per_worker` builds an `RSFTLearner` on every worker (DDP through

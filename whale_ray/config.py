@@ -64,8 +64,8 @@ class PolicyConfig(_Strict):
     max_batch: int = Field(64, gt=0)
     batch_wait_ms: float = Field(5.0, ge=0)  # batching "pass" only: how long a pass waits for company
     # continuous: requests join the engine's running batch at its next step and leave it as they finish (both
-    # engines); pass: concurrent calls are gathered into one generate pass at a time (the transformers engine's
-    # old path, kept to compare: benchmarks/serve_throughput.py)
+    # engines); pass: concurrent calls are gathered into one generate pass at a time (a baseline that
+    # benchmarks/serve_throughput.py measures continuous batching against)
     batching: Literal["continuous", "pass"] = "continuous"
     device: str = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -136,9 +136,8 @@ class WeightPhaseConfig(_Strict):
     # How new weights reach the PolicyServer. object_store: a CPU state dict through the object store.
     # cuda_ipc (when training on a GPU; CPU training keeps the object store): CUDA IPC handles of the Trainer's
     # parameters themselves, copied GPU to GPU by a server on the same host; one on another host fetches them
-    # through the object store once. On the H200 (1.7 B model, 6.9 GB of fp32 state) a load took 0.011 s this way
-    # (2.8x a raw copy) against 78 s through the object store, and whole runs of both engines with it finished;
-    # opt-in until it has run on more than one machine kind.
+    # through the object store once. Nothing passes through host memory and per version the only copy is the
+    # engine's own (docs/performance.md); opt-in until it has run on more than one machine kind.
     # broadcast: the Trainer's rank-0 worker sends them to every replica over a process group of their own (gloo
     # when training on CPU, nccl on GPU), in flat buckets (`broadcast`); not yet run on several GPUs.
     weight_sync: Literal["object_store", "cuda_ipc", "broadcast"] = "object_store"
@@ -323,18 +322,15 @@ class ServeConfig(_Strict):
     replica_gpus: float = Field(0.0, ge=0)
     # Where each replica's engines run (whale_ray/serve/engines.py). actor: in a Ray actor of the replica's own, so
     # Serve's per-request Python and the engine's sampling loop do not share one process's GIL; replica: in the
-    # replica's process (one process and one hop fewer). replica is the default because it measured better here
-    # (benchmarks/serve_throughput.py, 2 shared cores, two runs at load average 4-28: the endpoint gave 50 / 46
-    # requests/s at 32 clients against 25 / 16 with the actor): on cores the engine shares, the actor's process
-    # and hop cost more than the GIL it frees. actor is for spare cores beside a GPU engine, where
-    # scripts/gpu/serve_h200.sh measures both. shared: one engine actor for all the replicas (one batch, one copy of
-    # the weights on the GPU), so several front-end processes, each with its own event loop and HTTP server, feed one
-    # engine (vLLM's --api-server-count); with ingress haproxy.
+    # replica's process (one process and one hop fewer). replica is the default because on cores the engine
+    # shares, the actor's process and hop cost more than the GIL it frees (benchmarks/serve_throughput.py;
+    # docs/performance.md). actor is for spare cores beside a GPU engine. shared: one engine actor for all the
+    # replicas (one batch, one copy of the weights on the GPU), so several front-end processes, each with its own
+    # event loop and HTTP server, feed one engine (vLLM's --api-server-count); with ingress haproxy.
     engine_layout: Literal["actor", "replica", "shared"] = "replica"
     # How requests reach the replica (whale_ray/serve/app.py). proxy: Serve's HTTP proxy on each node, which routes
     # to the replicas (any count, autoscaling). direct: the replica serves HTTP itself on `port` (Serve's direct
-    # ingress), one process and one hop fewer per request; one replica, which the port belongs to. On the H200 it
-    # served 205 requests/s at 32 clients where the proxy served 132 (README, "Live endpoint"). It needs Serve
+    # ingress), one process and one hop fewer per request; one replica, which the port belongs to. It needs Serve
     # started by this endpoint (not one already running on the cluster with its proxies). haproxy: Serve's HAProxy on
     # `port` in front of the replicas' own HTTP servers (direct ingress on ports above `port`, bound to all
     # interfaces, as Serve's HAProxy mode has them), any replica count; the same start condition as direct.
@@ -342,10 +338,9 @@ class ServeConfig(_Strict):
     access_log: bool = False  # Serve's per-request access log lines (proxy and replica): Python per request
     # Serve's default runs a replica's handlers on an event loop of their own in a second thread, so every ASGI
     # message (and, layout actor, every frame of the hop) crosses between that thread and Serve's main loop; False
-    # runs them on the main loop (RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0). On the H200 (actor layout, direct
-    # ingress, 32 clients; scripts/gpu/README.md) the replica then spent 0.96 ms of CPU per request against 1.26 and
-    # served 291.6 requests/s against 257.8. Our handlers do not block the loop (an agent's episode and a
-    # checkpoint's read run in executor threads); True is for handlers that might.
+    # runs them on the main loop (RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0), which saves the replica that
+    # crossing's CPU on every request (docs/performance.md). Our handlers do not block the loop (an agent's
+    # episode and a checkpoint's read run in executor threads); True is for handlers that might.
     user_code_thread: bool = False
     max_concurrent: int = Field(64, gt=0)  # requests in flight per replica; more get 429 with Retry-After
     api_key_env: Optional[str] = None  # NAME of the variable holding the key clients must send; None = no key

@@ -2,8 +2,8 @@
 
 Both engines batch continuously (`agenerate`): each request is handed to the engine as it comes, and joins
 the running batch at the engine's next step. `batching="pass"` puts `PolicyBatcher` in front instead, which
-gathers concurrent calls into one `generate` pass at a time (what the transformers engine did before it
-batched continuously; kept to compare the two: benchmarks/serve_throughput.py). Either way each reply
+gathers concurrent calls into one `generate` pass at a time (a baseline that benchmarks/serve_throughput.py
+measures continuous batching against). Either way each reply
 carries the weight version that the engine read when it admitted the request, so a `load_weights` landing
 mid-batch cannot relabel it.
 

@@ -65,9 +65,9 @@ class TransformersEngine:
 
     # Newcomers wait up to this many decode steps for company before they join a running batch (an empty batch,
     # or enough of them to fill it, take them at once). The prefill of one short prompt costs about one decode
-    # step of the whole batch (the tiny policy on 2 CPU cores: 3.3 ms for 1 row of 40 tokens, 3.6 ms for a
-    # 32-row step): callers that come back one by one, as an HTTP endpoint's do, would each pay one, doubling
-    # the forwards; grouped by ~4 they add a quarter. The cost: a newcomer's first token up to 4 steps later.
+    # step of the whole batch (docs/performance.md): callers that come back one by one, as an HTTP endpoint's
+    # do, would each pay one, doubling the forwards; grouped by ~4 they add a quarter. The cost: a newcomer's
+    # first token up to 4 steps later.
     JOIN_WAIT_STEPS = 4
 
     def __init__(

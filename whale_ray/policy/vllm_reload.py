@@ -1,8 +1,8 @@
 """vLLM's weights reloaded as one group of copies: the copies its own loader makes, recorded once and checked.
 
 vLLM 0.26's `reload_weights` (the layerwise loader) materialises each layer anew, loads into it, and copies the
-result back into the running parameters: on an H200, 0.108 s for a 1.7 B model against 4 ms for a raw copy of
-the same bytes (27x). For an unquantized model the loaders end in plain copies from the checkpoint's tensors
+result back into the running parameters, many times slower than a raw copy of the same bytes
+(docs/performance.md). For an unquantized model the loaders end in plain copies from the checkpoint's tensors
 into slices of the running parameters (q, k, v into rows of qkv_proj; gate, up into gate_up_proj).
 `CopyPlan.record` runs the model's own `load_weights` once and records those copies (a TorchFunctionMode sees
 every `Tensor.copy_`); a later load replays them with the new tensors into the same views, the cast to the

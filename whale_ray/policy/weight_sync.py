@@ -19,14 +19,9 @@ memory mapped for nothing.
 
 A consumer that cannot see that GPU (another host, or a GPU not visible to its process) gets the weights
 through the object store, once: `materialize` asks the `fallback` (the Trainer actor) for an object ref that
-rank 0 put there. CPU training never makes `SharedWeights`: its weights go through the object store as before.
+rank 0 put there. CPU training never makes `SharedWeights`: its weights go through the object store.
 
-On an H200 (benchmarks/gpu_weight_sync.py, 6.88 GB of float32 state of a 1.7 B model, 310 tensors, from the
-driver through the PolicyServer actor, 2026-12-02): 0.011 s a version (the producer's share 0.6 ms, the reader
-0.1 ms, the engine's copy plan with the cast to bf16 4 ms, the rest Ray's round trips), 2.8x a raw copy of the
-same bytes (4.0 ms); the first version of a run 0.041 s (opening the 310 handles 18 ms). The snapshot design
-this replaced took 0.026-0.029 s (a copy into seven buckets 9-12 ms, opening them 5-8 ms); the object store
-78 s. A whole `whale run --engine vllm` with `weight_sync: cuda_ipc` and sleep level 2 finished there in 144 s.
+What a version costs this way, and against the object store: docs/performance.md (benchmarks/gpu_weight_sync.py).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 The replica's `Channel` asks its `EngineActor` once, through Ray, where to connect (`EngineActor.link`: a Unix
 socket for a replica on the actor's node, TCP on the node's address otherwise) and with which key, then talks to
-the actor's `Link` over that socket alone. Why not Ray calls: a Ray actor call costs each side ~0.6 ms of Python
-and its round trip ~1.4 ms (2 cores, a 200-byte argument), a frame over a local socket ~14 µs of Python and a
-~25 µs round trip; and the engine actor's Python runs under the GIL its sampling thread needs between forward
-passes (vLLM's front end talks to its engine core process over sockets for the same reasons).
+the actor's `Link` over that socket alone. Why not Ray calls: a Ray actor call costs each side far more Python
+than a frame over a local socket (docs/performance.md), and the engine actor's Python runs under the GIL its
+sampling thread needs between forward passes (vLLM's front end talks to its engine core process over sockets for
+the same reasons).
 
 Frames are a 4-byte length and a pickle. The requests that arrive within one turn of the replica's event loop go
 in one frame (SUBMIT, model, [(request id, request, stream?)]); requests the client gave up on in another

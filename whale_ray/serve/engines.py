@@ -10,8 +10,8 @@ renders, counts and bounds prompts itself), `version`, `complete` (streaming thr
   the replica starts on its own node and owns (it dies with the replica), holding the replica's Ray CPUs and GPUs
   (serve.replica_cpus, replica_gpus), the replica itself none. Why: Serve runs each request's Python in the
   replica (the route, the body, the reply, request metrics, the access log); beside the engine's sampling
-  thread in one process that Python holds the GIL the engine needs between its forward passes (py-spy on the
-  replica, 2 cores, 32 clients: the engine thread ran in ~18 % of samples). In an actor of its own the engine
+  thread in one process that Python holds the GIL the engine needs between its forward passes, and under load
+  the engine thread waits for it (docs/performance.md). In an actor of its own the engine
   has its process's GIL to itself; the requests and their tokens and outputs cross a socket in batches (one frame
   per batch of arrivals, one per batch of events: whale_ray/serve/channel.py). Each replica keeps its own engines,
   so a weight swap is what it was: the replica loads each version into them, and the requests in flight
