@@ -19,7 +19,7 @@ from whale_ray.config import SandboxConfig
 from whale_ray.domain import get_domain
 from whale_ray.records import EpisodeJob, EpisodeResult, ModelCall, SamplingParams
 from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
-from whale_ray.sandbox.runner import MAX_ERROR_REASON
+from whale_ray.sandbox.episode import MAX_ERROR_REASON
 
 log = logging.getLogger(__name__)
 

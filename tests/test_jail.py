@@ -88,7 +88,7 @@ def test_agent_jail_has_the_sandbox_layers(tmp_path, network):
     assert cgroup.leftovers() == []
     with open("/proc/self/mountinfo") as f:
         assert "whale-jail-" not in f.read()
-    from whale_ray.sandbox.runner import UID_POOL, _uids_of_processes
+    from whale_ray.sandbox.uid_pool import UID_POOL, _uids_of_processes
 
     assert r["uid"] not in UID_POOL.in_use()
     deadline = time.monotonic() + 3  # a process killed at teardown may take a moment to be reaped

@@ -49,7 +49,7 @@ def slots_held_elsewhere() -> set[int]:
     their processes are that process's episodes, not leftovers of ours."""
     import fcntl
 
-    from whale_ray.sandbox.runner import UID_POOL
+    from whale_ray.sandbox.uid_pool import UID_POOL
 
     held = set()
     d = UID_POOL._lock_dir()

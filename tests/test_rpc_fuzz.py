@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.sandbox import SandboxLimits, run_episode
-from whale_ray.sandbox.runner import _Done, _Episode
+from whale_ray.sandbox.episode import Episode as _Episode
+from whale_ray.sandbox.episode import _Done
 
 CAP = 1 << 16
 LIMITS = SandboxLimits(max_message_bytes=CAP, max_rpc_calls=64)

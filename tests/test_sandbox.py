@@ -590,7 +590,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="per-slot uids need ro
 
 @needs_root
 def test_concurrent_episodes_get_their_own_uids_and_a_fork_bomb_stays_in_its_slot():
-    from whale_ray.sandbox.runner import UID_POOL
+    from whale_ray.sandbox.uid_pool import UID_POOL
 
     bomb = """
         import os, time
@@ -646,7 +646,7 @@ def _uid_of(pid: int) -> int | None:
 
 
 def test_uid_pool_is_thread_safe():
-    from whale_ray.sandbox.runner import UidPool
+    from whale_ray.sandbox.uid_pool import UidPool
 
     pool = UidPool(base=900000, size=64)
     got: list[int] = []

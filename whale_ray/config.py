@@ -25,7 +25,7 @@ from pydantic import (
 
 from whale_ray.domain import DomainConfig, get_domain, section_owner
 from whale_ray.resources import ResourcesConfig, storage_root
-from whale_ray.sandbox.runner import SandboxLimits
+from whale_ray.sandbox.limits import SandboxLimits
 
 CONDITIONS = ("rsft_only", "mh_only", "whale", "adaptive_whale", "stagewise")
 

@@ -80,7 +80,8 @@ def _userns_reason() -> str:
 def doctor_report() -> list[Row]:
     """One row per hardening layer: (layer name, active on this machine?, why/how)."""
     from whale_ray.sandbox import child, isolation
-    from whale_ray.sandbox.runner import SandboxLimits, run_episode
+    from whale_ray.sandbox.limits import SandboxLimits
+    from whale_ray.sandbox.runner import run_episode
 
     rows: list[Row] = []
     root = isolation.running_as_root()
@@ -220,7 +221,8 @@ def _cgroup_rows(sandbox: bool) -> list[Row]:
     """The cgroup layer (which version, which controllers), checked by an episode that holds memfd memory
     over a 64 MB limit; and the tmpfs inode caps."""
     from whale_ray.sandbox import cgroup, isolation, mounts
-    from whale_ray.sandbox.runner import SandboxLimits, run_episode
+    from whale_ray.sandbox.limits import SandboxLimits
+    from whale_ray.sandbox.runner import run_episode
 
     rows: list[Row] = []
     layer = cgroup.cgroup_layer()

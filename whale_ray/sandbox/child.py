@@ -1,7 +1,7 @@
 """The sandbox side of one episode: loads the untrusted harness and serves it the `agent` handle.
 
 STANDARD LIBRARY ONLY. This file is copied into the sandbox, which has no site-packages and cannot
-import whale_ray. It is started by whale_ray/sandbox/runner.py as
+import whale_ray. It is started by whale_ray/sandbox/episode.py as
 
     python3 -P -s -S child.pyc RPC_FD LIMITS_JSON
 

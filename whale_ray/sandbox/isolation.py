@@ -13,7 +13,7 @@ Two backends:
   belong to that uid on the host as well, and RLIMIT_NPROC (never enforced for uid 0) applies.
 * ``unsafe_none``: a plain subprocess with the rlimits only. An explicit opt-out; never a fallback.
 
-Hardening layers on top of bwrap: per-slot uids (runner.py's `UidPool` picks a uid per concurrent
+Hardening layers on top of bwrap: per-slot uids (uid_pool.py's `UidPool` picks a uid per concurrent
 episode, SLOT_UID_BASE + slot, passed to `BwrapLauncher.command(uid=...)`), and a seccomp filter and
 Landlock rules that child.py applies to itself before the domain tools and the harness load
 (`BwrapLauncher.layers()` says which, and with what paths).

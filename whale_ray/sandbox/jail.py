@@ -8,7 +8,7 @@
     finally:
         jail.close()                      # cgroup removed (what is left in it killed), uid slot released
 
-The layers, as for a harness episode: a per-slot uid (root only: runner.UID_POOL, so RLIMIT_NPROC and
+The layers, as for a harness episode: a per-slot uid (root only: uid_pool.UID_POOL, so RLIMIT_NPROC and
 signals are per jail; the writable trees are lent to that uid for the session), a cgroup of its own
 (memory and pids; the jail is moved in before the command runs), and seccomp and Landlock applied by
 child.py's `--exec` mode to itself right before it execs the command. Landlock allows writes only under
@@ -56,7 +56,8 @@ class CommandJail:
     def wrap(self, argv: list[str]) -> list[str]:
         """`argv` (bwrap ... -- COMMAND...) with the python runtime and the shim bound in, binds made reachable
         by the slot uid, and COMMAND run through child.py's --exec mode."""
-        from whale_ray.sandbox.runner import _CHILD_BYTES, _CHILD_NAME, UID_POOL
+        from whale_ray.sandbox.episode import CHILD_BYTES, CHILD_NAME
+        from whale_ray.sandbox.uid_pool import UID_POOL
 
         cut = argv.index("--")
         opts, command = argv[:cut], argv[cut + 1:]
@@ -64,8 +65,8 @@ class CommandJail:
             self.uid = UID_POOL.acquire()
         self._shim_dir = tempfile.mkdtemp(prefix="whale-jail-")
         os.chmod(self._shim_dir, 0o755)
-        with open(os.path.join(self._shim_dir, _CHILD_NAME), "wb") as f:
-            f.write(_CHILD_BYTES)
+        with open(os.path.join(self._shim_dir, CHILD_NAME), "wb") as f:
+            f.write(CHILD_BYTES)
         python = isolation.bwrap_launcher()  # the harness sandbox's interpreter (a mirror at /python)
         inside_writable = []
         out: list[str] = []
@@ -87,7 +88,7 @@ class CommandJail:
         out[at:at] = extra  # before / turns read-only: the mount points are made in it
         r, w = os.pipe()
         self._go = (r, w)
-        out += ["--", python.python_exe, *python.python.flags, f"{SHIM_DIR}/{_CHILD_NAME}", "--exec", str(r),
+        out += ["--", python.python_exe, *python.python.flags, f"{SHIM_DIR}/{CHILD_NAME}", "--exec", str(r),
                 json.dumps(self.layers(inside_writable)), "--", *command]
         return out
 
@@ -143,7 +144,7 @@ class CommandJail:
 
     def close(self) -> None:
         from whale_ray.sandbox.mounts import rmtree
-        from whale_ray.sandbox.runner import UID_POOL
+        from whale_ray.sandbox.uid_pool import UID_POOL
 
         if self.cgroup is not None:
             self.cgroup.remove()
