@@ -95,3 +95,49 @@ def test_the_config_offers_exactly_the_registered_proposer_kinds() -> None:
     from whale_ray.proposers.registry import PROPOSER_KINDS
 
     assert get_args(HarnessPhaseConfig.model_fields["proposer"].annotation) == PROPOSER_KINDS
+
+
+def imports_ray(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "ray" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "ray":
+            return True
+    return False
+
+
+def reachable(g: dict[str, set[str]], roots: list[str]) -> set[str]:
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        m = stack.pop()
+        if m not in seen:
+            seen.add(m)
+            stack.extend(g.get(m, ()))
+    return seen
+
+
+def test_the_loop_and_the_sandbox_import_no_ray() -> None:
+    """The algorithm and the sandbox run without Ray (tests/test_loop.py drives the loop in process; the sandbox
+    is a subprocess matter): none of their modules imports it, and importing them all leaves it unloaded."""
+    import subprocess
+    import sys
+
+    mods = modules()
+    ours = [m for m in mods if m.startswith(("whale_ray.loop", "whale_ray.sandbox"))]
+    assert len(ours) > 10 and not [m for m in ours if imports_ray(mods[m])]
+    probe = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in ours) + \
+        "print(sorted(n for n in sys.modules if n == 'ray' or n.startswith('ray.')))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_the_policy_server_and_the_sandbox_layers_keep_their_bounds() -> None:
+    """The PolicyServer only receives weights: nothing it imports reaches the Trainer. The sandbox's frame codec,
+    limits and uid pool sit under the episode and the runner, never above them."""
+    mods = modules()
+    g = import_graph(mods)
+    assert not {m for m in reachable(g, ["actors.policy_server"]) if m.startswith("actors.trainer")}
+    low = ["whale_ray.sandbox.frames", "whale_ray.sandbox.limits", "whale_ray.sandbox.uid_pool"]
+    assert all(m in mods for m in low)
+    assert not reachable(g, low) & {"whale_ray.sandbox.episode", "whale_ray.sandbox.runner"}
