@@ -394,7 +394,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def cmd_build_policy(args: argparse.Namespace) -> int:
     from whale_ray.domain import get_domain
-    from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir, read_build_info
+    from whale_ray.policy.tiny import build_embedded_policy, read_build_info
+    from whale_ray.storage import default_cache_dir
 
     try:
         domain = get_domain(args.domain)

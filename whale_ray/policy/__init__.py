@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request
-from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir, read_build_info
+from whale_ray.policy.tiny import build_embedded_policy, read_build_info
 from whale_ray.policy.transformers_engine import TransformersEngine
 from whale_ray.policy.vllm_engine import VLLMEngine
 
@@ -31,7 +31,6 @@ __all__ = [
     "VLLMEngine",
     "build_embedded_policy",
     "check_request",
-    "default_cache_dir",
     "make_engine",
     "read_build_info",
 ]
