@@ -95,3 +95,14 @@ def test_the_config_offers_exactly_the_registered_proposer_kinds() -> None:
     from whale_ray.proposers.registry import PROPOSER_KINDS
 
     assert get_args(HarnessPhaseConfig.model_fields["proposer"].annotation) == PROPOSER_KINDS
+
+
+def test_reading_a_config_imports_no_torch() -> None:
+    """The config names the engines from their registry, and a checkpoint is checked before any engine starts:
+    neither costs a process torch (whale_ray/policy/__init__.py imports nothing)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, whale_ray.config, whale_ray.policy.engine_registry, whale_ray.policy.checkpoint; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

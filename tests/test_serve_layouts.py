@@ -28,7 +28,8 @@ def free_port() -> int:
 
 
 def in_process(policy: str, messages=None, prompt=None, **sampling) -> str:
-    from whale_ray.policy import GenerationRequest, TransformersEngine
+    from whale_ray.policy.engine import GenerationRequest
+    from whale_ray.policy.transformers_engine import TransformersEngine
     from whale_ray.records import SamplingParams
 
     engine = TransformersEngine(policy, device="cpu")
