@@ -103,7 +103,7 @@ class PolicyConfig(_Strict):
 
 class WeightBroadcastConfig(_Strict):
     """`weight.weight_sync: broadcast`: the group of the Trainer's rank 0 and the PolicyServer replicas
-    (whale_ray/policy/weight_broadcast.py, actors/weight_broadcast.py)."""
+    (whale_ray/policy/weight_broadcast.py, actors/weight_broadcaster.py)."""
 
     # A member that does not take its part within this fails the broadcast, named; that version then reaches the
     # replicas through the object store and the next one rebuilds the group.
