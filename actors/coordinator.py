@@ -3,7 +3,7 @@
 The loop is library code handed its roles; here each role is a Ray actor behind a thin adapter that waits
 for results, except for weights, which travel from the Trainer to the PolicyServer as an object ref (or, with
 `weight.weight_sync: broadcast`, from the Trainer's rank 0 to every replica over a group of their own:
-actors/weight_broadcast.py). With `policy.replicas` > 1 the policy role is every replica at once: each new
+actors/weight_broadcaster.py). With `policy.replicas` > 1 the policy role is every replica at once: each new
 version is loaded by all of them before the loop goes on, and every evaluator sends each model call to the
 replica it waits on least.
 
@@ -34,7 +34,7 @@ from actors.policy_server import start_policy_servers
 from actors.sandbox_evaluator import PolicyLost
 from actors.start_failure import StartFailure, start_failure
 from actors.trainer import StaleTrainer, Trainer
-from actors.weight_broadcast import ByBroadcast, WeightBroadcaster
+from actors.weight_broadcaster import ByBroadcast, WeightBroadcaster
 from whale_ray.config import WhaleConfig
 from whale_ray.domain import get_domain
 from whale_ray.events import EventLog
@@ -74,7 +74,7 @@ class _Remote:
 
 class _BroadcastingTrainer(_Remote):
     """The trainer role under weight_sync broadcast: `latest_weights(v)` carries no bytes; the policy role's
-    `load_weights` has the Trainer send them (actors/weight_broadcast.py)."""
+    `load_weights` has the Trainer send them (actors/weight_broadcaster.py)."""
 
     def latest_weights(self, version: int) -> ByBroadcast:
         return ByBroadcast(version)

@@ -65,7 +65,7 @@ class PolicyServer:
         return await self._service.load_weights(weights, version)
 
     async def receive_weights(self, spec: GroupSpec, rank: int, version: int) -> int:
-        """Take part, as `rank`, in the broadcast of weight `version` (actors/weight_broadcast.py), then load it as
+        """Take part, as `rank`, in the broadcast of weight `version` (actors/weight_broadcaster.py), then load it as
         `load_weights` does; returns the version."""
         state = await asyncio.get_running_loop().run_in_executor(None, self._receiver.receive, spec, rank, version)
         return await self._service.load_weights(state, version)

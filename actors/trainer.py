@@ -23,7 +23,7 @@ sends the new weights, which the Trainer serves from `latest_weights()`:
   last saved state (that same version).
 - `weight.weight_sync: broadcast`: nothing leaves rank 0 after a step; `broadcast_weights(spec, version)`
   has it send the weights to the PolicyServer replicas over a group of their own while they receive
-  (actors/weight_broadcast.py orchestrates; whale_ray/policy/weight_broadcast.py is the group). Only a
+  (actors/weight_broadcaster.py orchestrates; whale_ray/policy/weight_broadcast.py is the group). Only a
   restarted server or a failed broadcast asks `latest_weights`, which then has rank 0 put them in the object
   store at that moment.
 
@@ -470,7 +470,7 @@ class Trainer:
 
     def broadcast_weights(self, spec: GroupSpec, version: int) -> None:
         """Rank 0 sends weight `version` to the group of `spec` (building it first if it holds another), while every
-        replica receives (actors/weight_broadcast.py). Raises `WeightBroadcastError` naming what failed; the Ray
+        replica receives (actors/weight_broadcaster.py). Raises `WeightBroadcastError` naming what failed; the Ray
         Train run goes on either way."""
         self._start()
         _check_version(self._version, version, "broadcast_weights")

@@ -33,9 +33,10 @@ from actors.policy_server import PolicyServer  # noqa: E402
 from whale_ray.config import DataConfig, SandboxConfig  # noqa: E402
 from whale_ray.domain import get_domain  # noqa: E402
 from whale_ray.loop import EpisodeWork  # noqa: E402
-from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir  # noqa: E402
+from whale_ray.policy.tiny import build_embedded_policy  # noqa: E402
 from whale_ray.records import EpisodeJob, SamplingParams  # noqa: E402
 from whale_ray.sandbox import SandboxLimits, run_episode  # noqa: E402
+from whale_ray.storage import default_cache_dir  # noqa: E402
 
 AT_ONCE = "def run(task, agent):\n    return '\\\\boxed{1}'\n"
 

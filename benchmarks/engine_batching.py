@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from whale_ray.policy import GenerationRequest, TransformersEngine, build_embedded_policy  # noqa: E402
+from whale_ray.policy.engine import GenerationRequest  # noqa: E402
+from whale_ray.policy.tiny import build_embedded_policy  # noqa: E402
+from whale_ray.policy.transformers_engine import TransformersEngine  # noqa: E402
 from whale_ray.records import SamplingParams  # noqa: E402
 
 

@@ -28,7 +28,8 @@ from tests.fault_injection import Fault, Injector  # noqa: E402
 from tests.run_truth import guessing_math_harness  # noqa: E402
 from whale_ray.domain import get_domain  # noqa: E402
 from whale_ray.events import read_events  # noqa: E402
-from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir  # noqa: E402
+from whale_ray.policy.tiny import build_embedded_policy  # noqa: E402
+from whale_ray.storage import default_cache_dir  # noqa: E402
 
 RECOVERY = {"policy_server": "actor_restarted", "trainer": "actor_restarted", "train_worker": "trainer_workers_restarted",
             "evaluator": "evaluators_added", "retriever": None}

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from whale_ray.policy import GenerationRequest, TransformersEngine
+from whale_ray.policy.engine import GenerationRequest
+from whale_ray.policy.transformers_engine import TransformersEngine
 from whale_ray.records import SamplingParams
 
 QUESTIONS = [f"What is {a} {op} {b}?" for a, b, op in [

@@ -83,7 +83,7 @@ class Prompts:
         return encode_prompts(self.tokenizer, reqs)
 
     def _req(self, i, digits, new, **sampling):
-        from whale_ray.policy import GenerationRequest
+        from whale_ray.policy.engine import GenerationRequest
         from whale_ray.records import SamplingParams
 
         sampling = {"temperature": 1.0, "top_k": 20, "seed": i, **sampling}
@@ -283,7 +283,7 @@ def part_ray(a) -> dict:
 def part_hf(a) -> dict:
     """TransformersEngine, with --hf-new tokens (fewer than the others: at ~10 decode steps/s it would not fit the
     device call otherwise); its roofline column uses its own context length."""
-    from whale_ray.policy import TransformersEngine
+    from whale_ray.policy.transformers_engine import TransformersEngine
 
     eng = TransformersEngine(a.model, device="cuda", dtype="bfloat16", max_batch=256)
     prompts = Prompts(eng.tokenizer, a.prompt)

@@ -344,7 +344,7 @@ def main() -> None:
     ap.add_argument("--ok-file", type=Path, help="written when the IPC path through the PolicyServer worked")
     a = ap.parse_args()
     from actors.policy_server import PolicyServer
-    from whale_ray.policy import GenerationRequest
+    from whale_ray.policy.engine import GenerationRequest
     from whale_ray.records import SamplingParams
 
     parts = set(a.parts.split(","))

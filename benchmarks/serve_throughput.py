@@ -483,7 +483,8 @@ def model_path(model: str | None) -> str:
     """`model` resolved, or the embedded tiny math policy (built once, then cached)."""
     if model is None:
         from whale_ray.domain import get_domain
-        from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
+        from whale_ray.policy.tiny import build_embedded_policy
+        from whale_ray.storage import default_cache_dir
 
         model = str(build_embedded_policy(get_domain("math_reasoning"), cache_dir=default_cache_dir()))
     return str(Path(model).resolve())

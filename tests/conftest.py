@@ -105,7 +105,7 @@ def smollm2_checkpoint() -> str:
     it) imported once into the user's whale cache (outside the tree: 538 MB that every worktree and later session
     reuses; keyed by the file's sha256)."""
     from whale_ray.policy.model_import import cached_import
-    from whale_ray.policy.tiny import default_cache_dir
+    from whale_ray.storage import default_cache_dir
 
     with pytest.MonkeyPatch.context() as env:
         if USER_WHALE_CACHE:

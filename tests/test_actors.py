@@ -18,7 +18,8 @@ def test_policy_server_batches_distinct_requests_each_to_its_caller(ray_cluster,
     """Distinct concurrent requests (prompts, budgets, temperatures, seeds): each reply equals a solo generate of
     the same request on the same checkpoint and carries its own messages, so a batcher that swapped or mixed
     replies between callers fails. Then weights swapped in place, and the new version named."""
-    from whale_ray.policy import GenerationRequest, TransformersEngine
+    from whale_ray.policy.engine import GenerationRequest
+    from whale_ray.policy.transformers_engine import TransformersEngine
 
     server = PolicyServer.remote(tiny_policy, max_batch=32, batch_wait_ms=200)
     reqs = [GenerationRequest(

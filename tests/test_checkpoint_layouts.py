@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from whale_ray.policy import GenerationRequest, TransformersEngine
 from whale_ray.policy.checkpoint import check_checkpoint
+from whale_ray.policy.engine import GenerationRequest
+from whale_ray.policy.transformers_engine import TransformersEngine
 from whale_ray.records import SamplingParams
 from whale_ray.rsft import RSFTLearner
 

@@ -76,7 +76,7 @@ def test_a_local_directory_of_the_same_name_wins(in_cache, tmp_path):
 
 
 def test_serve_takes_a_hub_id(in_cache):
-    from whale_ray.serve.launch import SERVE_FLAGS, endpoint_spec
+    from whale_ray.serve.start import SERVE_FLAGS, endpoint_spec
 
     spec = endpoint_spec(None, Path(REPO), "math_reasoning", None, None, dict.fromkeys(SERVE_FLAGS),
                          base_model=lambda cfg: "unused")

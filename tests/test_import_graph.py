@@ -141,3 +141,14 @@ def test_the_policy_server_and_the_sandbox_layers_keep_their_bounds() -> None:
     low = ["whale_ray.sandbox.frames", "whale_ray.sandbox.limits", "whale_ray.sandbox.uid_pool"]
     assert all(m in mods for m in low)
     assert not reachable(g, low) & {"whale_ray.sandbox.episode", "whale_ray.sandbox.runner"}
+
+
+def test_reading_a_config_imports_no_torch() -> None:
+    """The config names the engines from their registry, and a checkpoint is checked before any engine starts:
+    neither costs a process torch (whale_ray/policy/__init__.py imports nothing)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, whale_ray.config, whale_ray.policy.engine_registry, whale_ray.policy.checkpoint; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

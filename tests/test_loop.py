@@ -223,7 +223,8 @@ def test_train_step_records_name_the_accepted_calls(tmp_path):
 
 
 def _call(messages, completion):
-    return {"messages": messages, "completion": completion}
+    return ModelCall(messages=messages, text=completion, prompt_ids=[1], completion_ids=[2], logprobs=[0.0],
+                     weight_version=0, finish_reason="stop")
 
 
 def test_conversations_split_votes_and_follow_turns():

@@ -23,17 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from whale_ray.domain import Domain
-from whale_ray.policy import (
-    GenerationRequest,
-    TransformersEngine,
-    build_embedded_policy,
-    check_request,
-    make_engine,
-    read_build_info,
-    tiny,
-)
+from whale_ray.policy import tiny
 from whale_ray.policy.checkpoint import CheckpointError, load_policy
-from whale_ray.policy.engine import StopMatcher, decode_completion, sample_rows
+from whale_ray.policy.engine import GenerationRequest, StopMatcher, check_request, decode_completion, sample_rows
+from whale_ray.policy.engine_registry import make_engine
+from whale_ray.policy.tiny import build_embedded_policy, read_build_info
+from whale_ray.policy.transformers_engine import TransformersEngine
 from whale_ray.records import SamplingParams
 
 SYSTEM = "Solve the problem. Give the final answer as \\boxed{N}."
@@ -139,7 +134,7 @@ def build_in_subprocess(cache: Path) -> tuple[subprocess.Popen, threading.Event]
     (tqdm's bar on stderr)."""
     # Ctrl-C's default handler, even where this test runs in the background (whose children start with SIGINT ignored)
     code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
-            "from tests.test_policy import StandInDomain; from whale_ray.policy import build_embedded_policy, tiny; "
+            "from tests.test_policy import StandInDomain; from whale_ray.policy import tiny; from whale_ray.policy.tiny import build_embedded_policy; "
             f"build_embedded_policy(StandInDomain(), cache_dir={str(cache)!r}, warmstart_steps=100_000, "
             "config=tiny.TinyConfig(max_conversations=400, tokenizer_conversations=400))")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
@@ -733,7 +728,7 @@ def test_sample_rows_frequencies_match_the_warped_distribution():
 
 def test_make_engine(built):
     assert make_engine("transformers", built[0], device=DEVICE).version == 0
-    with pytest.raises(ValueError, match="unknown engine 'tgi'"):
+    with pytest.raises(ValueError, match="unknown engine 'tgi'; choose one of transformers, vllm"):
         make_engine("tgi", built[0])
     try:
         import vllm  # noqa: F401

@@ -20,9 +20,10 @@ import torch
 
 from actors.policy_server import PolicyServer
 from domains.math_reasoning.verifier import verify
-from whale_ray.policy import GenerationRequest, TransformersEngine
 from whale_ray.policy.checkpoint import load_policy, load_tokenizer
+from whale_ray.policy.engine import GenerationRequest
 from whale_ray.policy.model_import import RECORD, ModelImportError, find_gguf, import_gguf, read_gguf, sha256_file
+from whale_ray.policy.transformers_engine import TransformersEngine
 from whale_ray.records import SamplingParams, Task
 from whale_ray.rsft import RSFTLearner
 

@@ -94,7 +94,8 @@ def in_process(checkpoint: str, version: int, messages=None, prompt=None, **samp
 
 
 def generate_in_process(checkpoint: str, version: int, messages=None, prompt=None, **sampling):
-    from whale_ray.policy import GenerationRequest, TransformersEngine
+    from whale_ray.policy.engine import GenerationRequest
+    from whale_ray.policy.transformers_engine import TransformersEngine
     from whale_ray.records import SamplingParams
 
     engine = TransformersEngine(checkpoint, device="cpu", version=version)

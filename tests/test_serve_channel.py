@@ -10,7 +10,8 @@ import os
 import pytest
 
 from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig
-from whale_ray.policy import GenerationRequest, TransformersEngine
+from whale_ray.policy.engine import GenerationRequest
+from whale_ray.policy.transformers_engine import TransformersEngine
 from whale_ray.records import SamplingParams
 
 

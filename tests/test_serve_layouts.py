@@ -28,7 +28,8 @@ def free_port() -> int:
 
 
 def in_process(policy: str, messages=None, prompt=None, **sampling) -> str:
-    from whale_ray.policy import GenerationRequest, TransformersEngine
+    from whale_ray.policy.engine import GenerationRequest
+    from whale_ray.policy.transformers_engine import TransformersEngine
     from whale_ray.records import SamplingParams
 
     engine = TransformersEngine(policy, device="cpu")
@@ -99,7 +100,7 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
 def test_whale_serve_engine_layout_and_ingress_flags(tiny_policy):
     """`whale serve --engine-layout` and `--ingress` reach the spec; a value that is not a layout is one line naming
     the flag, and direct ingress with more than one replica one line naming both."""
-    from whale_ray.serve.launch import SERVE_FLAGS, endpoint_spec
+    from whale_ray.serve.start import SERVE_FLAGS, endpoint_spec
 
     flags = dict.fromkeys(SERVE_FLAGS)
     spec = endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "actor"},

@@ -114,7 +114,7 @@ def _step(trainer, version: int, towards=None) -> int:
 
 
 def _broadcaster(trainer, replicas):
-    from actors.weight_broadcast import WeightBroadcaster
+    from actors.weight_broadcaster import WeightBroadcaster
 
     return WeightBroadcaster(trainer, replicas, CFG.broadcast, use_gpu=False)
 
@@ -189,7 +189,7 @@ def test_a_stalled_replica_is_named_and_that_version_goes_through_the_object_sto
     import os
     import signal
 
-    from actors.weight_broadcast import WeightBroadcaster
+    from actors.weight_broadcaster import WeightBroadcaster
     from whale_ray.events import EventLog
 
     a, b = _replica(tiny_policy, trainer), _replica(tiny_policy, trainer)

@@ -261,7 +261,7 @@ def add_serve_parser(sub: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from whale_ray.serve.launch import SERVE_FLAGS, endpoint_spec, serve_until_interrupted
+    from whale_ray.serve.start import SERVE_FLAGS, endpoint_spec, serve_until_interrupted
 
     try:
         spec = endpoint_spec(args.run_dir, args.model, args.domain, args.harness, args.isolation,
@@ -349,7 +349,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from actors.coordinator import start_coordinator
     from whale_ray.report import cycle_table, ledger_lines, mean_at, metrics_table, write_report
     from whale_ray.run_state import CycleRow, RunState
-    from whale_ray.serve.launch import run_endpoint
+    from whale_ray.serve.start import run_endpoint
     from whale_ray.tracking import track_run
 
     with track_run(cfg):  # the run directory mirrored to the trackers while it runs, the report page at the end
@@ -394,7 +394,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
 def cmd_build_policy(args: argparse.Namespace) -> int:
     from whale_ray.domain import get_domain
-    from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir, read_build_info
+    from whale_ray.policy.tiny import build_embedded_policy, read_build_info
+    from whale_ray.storage import default_cache_dir
 
     try:
         domain = get_domain(args.domain)

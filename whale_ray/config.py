@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from whale_ray.domain import DomainConfig, get_domain, section_owner
+from whale_ray.policy.engine_registry import ENGINE_NAMES
 from whale_ray.resources import ResourcesConfig, storage_root
 from whale_ray.sandbox.limits import SandboxLimits
 
@@ -60,7 +61,7 @@ class PolicyConfig(_Strict):
     # a local Hugging Face checkpoint directory, or a hub id ("Qwen/Qwen3-1.7B") the local hub cache holds; None builds
     # the embedded tiny policy
     model: Optional[Path] = None
-    engine: Literal["transformers", "vllm"] = "transformers"
+    engine: Literal[ENGINE_NAMES] = "transformers"  # the registry's names (whale_ray/policy/engine_registry.py)
     max_batch: int = Field(64, gt=0)
     batch_wait_ms: float = Field(5.0, ge=0)  # batching "pass" only: how long a pass waits for company
     # continuous: requests join the engine's running batch at its next step and leave it as they finish (both
@@ -102,7 +103,7 @@ class PolicyConfig(_Strict):
 
 class WeightBroadcastConfig(_Strict):
     """`weight.weight_sync: broadcast`: the group of the Trainer's rank 0 and the PolicyServer replicas
-    (whale_ray/policy/weight_broadcast.py, actors/weight_broadcast.py)."""
+    (whale_ray/policy/weight_broadcast.py, actors/weight_broadcaster.py)."""
 
     # A member that does not take its part within this fails the broadcast, named; that version then reaches the
     # replicas through the object store and the next one rebuilds the group.

@@ -83,7 +83,8 @@ def base_model(cfg: WhaleConfig) -> str:
     if cfg.policy.model is not None:
         return str(Path(cfg.policy.model).resolve())
     from whale_ray.domain import get_domain
-    from whale_ray.policy.tiny import build_embedded_policy, default_cache_dir
+    from whale_ray.policy.tiny import build_embedded_policy
+    from whale_ray.storage import default_cache_dir
 
     # $WHALE_CACHE wins; else <storage>/cache, where every node of a cluster finds the build
     cache = default_cache_dir() if os.environ.get("WHALE_CACHE") else (cache_dir(cfg.storage) or default_cache_dir())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +116,9 @@ class Rollout:
     trace: str  # JSON: messages, events and tool calls, for the archive and the proposer
     metrics: dict[str, float] = field(default_factory=dict)  # the domain's per-episode metrics (retrieval_hit...)
     node: str = ""  # the Ray node it ran on
+    # The episode's model calls whole, each one record from the sandbox (messages, completion and token ids
+    # together): what the weight phase trains on. Not stored: `calls` and `trace` are its columns on disk.
+    model_calls: list[ModelCall] = field(default_factory=list, repr=False, compare=False)
 
     @classmethod
     def from_episode(
@@ -149,6 +151,7 @@ class Rollout:
             prompt_tokens=sum(len(c.prompt_ids) for c in ep.calls),
             completion_tokens=sum(len(c.completion_ids) for c in ep.calls),
             wall_s=ep.wall_s, calls=calls, trace=json.dumps(trace), metrics=dict(metrics or {}), node=ep.node,
+            model_calls=list(ep.calls),
         )
 
 
@@ -189,4 +192,5 @@ ROLLOUT_SCHEMA = pa.schema(
 
 
 def rollouts_to_table(rollouts: list[Rollout]) -> pa.Table:
-    return pa.Table.from_pylist([dataclasses.asdict(r) for r in rollouts], schema=ROLLOUT_SCHEMA)
+    return pa.Table.from_pylist([{name: getattr(r, name) for name in ROLLOUT_SCHEMA.names} for r in rollouts],
+                                schema=ROLLOUT_SCHEMA)

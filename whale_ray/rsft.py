@@ -25,10 +25,13 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from whale_ray.records import ModelCall
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +53,17 @@ TOKENIZER_FILES = (
 
 
 # ---------------------------------------------------------------------------------------------- data
-def conversations(calls: list[dict[str, Any]]) -> list[list[int]]:
-    """The model calls of one episode (trace entries: "messages", "completion") as conversations: index
-    chains from a first call to a last one. Call j continues call i when j's messages begin with i's and
-    the next message is an assistant turn (the one with i's completion, where several calls qualify)."""
+def conversations(calls: list[ModelCall]) -> list[list[int]]:
+    """The model calls of one episode as conversations: index chains from a first call to a last one. Call j
+    continues call i when j's messages begin with i's and the next message is an assistant turn (the one with
+    i's completion, where several calls qualify)."""
     parent: list[int | None] = []
     for j, cj in enumerate(calls):
-        mj = cj.get("messages") or []
-        fits = [i for i in range(j) if len(mj) > len(calls[i].get("messages") or [])
-                and mj[:len(calls[i].get("messages") or [])] == (calls[i].get("messages") or [])
-                and (mj[len(calls[i].get("messages") or [])] or {}).get("role") == "assistant"]
-        exact = [i for i in fits if mj[len(calls[i].get("messages") or [])].get("content") == calls[i].get("completion")]
+        mj = cj.messages
+        fits = [i for i in range(j) if len(mj) > len(calls[i].messages)
+                and mj[:len(calls[i].messages)] == calls[i].messages
+                and (mj[len(calls[i].messages)] or {}).get("role") == "assistant"]
+        exact = [i for i in fits if mj[len(calls[i].messages)].get("content") == calls[i].text]
         parent.append((exact or fits or [None])[-1])
     leaves = [j for j in range(len(calls)) if j not in parent]
     chains = []
@@ -73,7 +76,7 @@ def conversations(calls: list[dict[str, Any]]) -> list[list[int]]:
     return chains
 
 
-def accepted_calls(calls: list[dict[str, Any]], accepts: Callable[[str], bool],
+def accepted_calls(calls: list[ModelCall], accepts: Callable[[str], bool],
                    states_answer: Callable[[str], bool]) -> list[int]:
     """Which calls of an accepted episode may train. When at most one conversation of the episode ends in a
     completion that states an answer in the domain's format (`states_answer`), the episode is one attempt and
@@ -81,10 +84,10 @@ def accepted_calls(calls: list[dict[str, Any]], accepts: Callable[[str], bool],
     answer itself). When several do (votes, restarts), only the conversations whose last completion the
     verifier `accepts` train: a losing vote is not a verified sample."""
     chains = conversations(calls)
-    answering = [c for c in chains if states_answer(calls[c[-1]].get("completion") or "")]
+    answering = [c for c in chains if states_answer(calls[c[-1]].text)]
     if len(answering) <= 1:
         return list(range(len(calls)))
-    return sorted({i for c in answering if accepts(calls[c[-1]].get("completion") or "") for i in c})
+    return sorted({i for c in answering if accepts(calls[c[-1]].text) for i in c})
 
 
 def truncate(prompt: list[int], completion: list[int], max_len: int | None) -> SFTExample:

@@ -1,4 +1,5 @@
-"""Crash-safe file writes: readers see the old content or the new one, never a mix; a lock file for builders."""
+"""Crash-safe file writes: readers see the old content or the new one, never a mix; a lock file for builders; the
+whale cache that builders fill (embedded tiny policies, imported GGUF checkpoints)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,9 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def default_cache_dir() -> Path:
+    """The whale cache: `$WHALE_CACHE`, default `~/.cache/whale-ray` (a run on shared storage may pick
+    `<storage>/cache` instead: whale_ray/resources.py)."""
+    return Path(os.environ.get("WHALE_CACHE") or "~/.cache/whale-ray").expanduser()

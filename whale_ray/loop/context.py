@@ -25,7 +25,7 @@ class Policy(Protocol):
     def wake_up(self) -> int: ...
 
 
-class Trainer(Protocol):
+class TrainerRole(Protocol):
     """`version` is the weight version the loop expects the trainer to hold (before the step, for train_step):
     a trainer at another one (back from an older state after a fault) refuses rather than act on it."""
 
@@ -60,7 +60,7 @@ class Roles:
     policy: Policy
     pool: EpisodePool
     proposer: Proposer
-    trainer: Trainer | None = None  # None when the schedule has no weight phase
+    trainer: TrainerRole | None = None  # None when the schedule has no weight phase
 
 
 @dataclass

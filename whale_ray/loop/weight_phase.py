@@ -11,7 +11,6 @@ redoes the steps after it with the same prompts and seeds: no optimizer step is 
 
 from __future__ import annotations
 
-import json
 import random
 import time
 
@@ -38,11 +37,10 @@ def training_examples(ctx: RunContext, rollouts: list[Rollout], tasks: list[Task
         if r.reward != 1 or r.status != "ok":
             continue
         task = by_id[r.task_id]
-        traced = json.loads(r.trace)["calls"]
-        for i in accepted_calls(traced, lambda text: ctx.verifier(task, text) == 1, states_answer):
-            call = r.calls[i]
-            if call["completion_ids"]:
-                examples.append((list(call["prompt_ids"]), list(call["completion_ids"])))
+        for i in accepted_calls(r.model_calls, lambda text: ctx.verifier(task, text) == 1, states_answer):
+            call = r.model_calls[i]
+            if call.completion_ids:
+                examples.append((list(call.prompt_ids), list(call.completion_ids)))
                 sources.append({"task_id": r.task_id, "sample": r.sample, "call": i})
     return examples, sources
 

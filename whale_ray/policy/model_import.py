@@ -180,7 +180,7 @@ def import_gguf(source: str | Path, out: Path | str, *, dtype: str = "float32", 
 def cached_import(source: str | Path, cache_dir: Path | None = None, dtype: str = "float32") -> Path:
     """SOURCE imported once into the whale cache (`$WHALE_CACHE`, default ~/.cache/whale-ray), keyed by the GGUF
     file's sha256 and the dtype; later calls, from any process, reuse it."""
-    from whale_ray.policy.tiny import default_cache_dir
+    from whale_ray.storage import default_cache_dir
 
     gguf = find_gguf(source).resolve()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from whale_ray.policy import make_engine
 from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request
+from whale_ray.policy.engine_registry import make_engine
 from whale_ray.policy.weight_sync import SharedReader, SharedWeights, materialize
 from whale_ray.records import ModelCall, SamplingParams
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from whale_ray.storage import file_lock
+from whale_ray.storage import default_cache_dir, file_lock
 
 if TYPE_CHECKING:
     from whale_ray.domain import Domain
@@ -67,10 +67,6 @@ class TinyConfig:
     weight_decay: float = 0.01
     max_conversations: int = 20_000  # asked of the domain; cycled when the run needs more sequences
     tokenizer_conversations: int = 2_000
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("WHALE_CACHE") or "~/.cache/whale-ray").expanduser()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -7,4 +7,5 @@ follow.py      reading a run directory: the weights and harness on record
 replica.py     one replica without Ray: models, following, admission, completions, streaming
 agent.py       POST /v1/agent/run: h* over the served θ in the sandbox
 app.py         the FastAPI routes, the Serve deployment, deploy / undeploy
+start.py       `whale serve` and `whale run --serve`: the endpoint started from the command line
 """
