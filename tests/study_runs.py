@@ -1,11 +1,12 @@
 """A small real study shared by the study, compare and report tests: `whale study` itself (its CLI, in a
 subprocess with its own local Ray cluster), two conditions × two seeds of math runs with the embedded test
-policy and real sandboxes, tracked in MLflow and TensorBoard. One cycle each at the smallest budgets; the seed
-harness guesses (run_truth.guessing_math_harness) so rewards vary between seeds and pairs, and means and standard
-deviations have something to get wrong."""
+policy and real sandboxes, tracked in MLflow, TensorBoard and, where it is installed, W&B (offline). One cycle
+each at the smallest budgets; the seed harness guesses (run_truth.guessing_math_harness) so rewards vary between
+seeds and pairs, and means and standard deviations have something to get wrong."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,12 +21,13 @@ from whale_ray.domain import get_domain
 CONDITIONS = ("rsft_only", "mh_only")  # weight-only is there: rollouts to reach its best val are computed
 SEEDS = (0, 1)
 E = 0.25  # given as a flag: the study's flags reach every pair
+TRACKED = "mlflow,tensorboard" + (",wandb" if importlib.util.find_spec("wandb") else "")  # W&B: the tracking extra
 
 
 def study_argv(root: Path, config: Path) -> list[str]:
     return [sys.executable, "-m", "whale_ray.cli", "study", "--conditions", ",".join(CONDITIONS),
             "--seeds", str(len(SEEDS)), "--first-seed", str(SEEDS[0]), "--E", str(E), "--config", str(config),
-            "--root", str(root), "--track", "mlflow,tensorboard"]  # tests/test_tracking.py reads both
+            "--root", str(root), "--track", TRACKED]  # tests/test_tracking.py reads each
 
 
 def run_study(root: Path, config: Path) -> subprocess.CompletedProcess:

@@ -10,6 +10,9 @@ from whale_ray.tracking.records import Point
 
 class Tracker(Protocol):
     target: str  # where it writes (a URI, a folder): what a warning names
+    # optional, read after open: {"params": bool, <axis>: count} that its own store holds (W&B's transaction log
+    # may lack the tail a killed launch sent), which then stands over tracking.json's counts
+    held: dict[str, Any] | None
 
     def open(self, name: str, tags: dict[str, str], resume: dict[str, Any] | None) -> dict[str, Any]:
         """Starts its run, or continues the one `resume` names; returns what continues it next launch."""

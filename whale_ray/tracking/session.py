@@ -125,6 +125,7 @@ class TrackingSession:
                     if guard.down:
                         continue
                     mine.update(resume=resume, opened=True)
+                    mine.update(getattr(tracker, "held", None) or {})  # what its own store holds, where it can tell
                 if not mine["params"]:
                     guard.call("log params", tracker.log_params, params(self.run_dir))
                     if guard.down:
@@ -197,25 +198,31 @@ def prepare_sweep(cfg: TrackingConfig, root: Path, experiment: str) -> None:
 
 
 def log_comparison(cfg: TrackingConfig, root: Path, out: Path, experiment: str) -> None:
-    """A study's comparison (compare.png, compare.md, compare.csv) as artifacts of one MLflow run, "compare", in the
-    study's experiment (its store the trials' default one, <root>/mlflow.db, unless the config names another)."""
-    if cfg.mlflow is None:
-        return
+    """A study's comparison (compare.png, compare.md, compare.csv) as the files of one run, "compare", in the study's
+    experiment: MLflow's in the trials' default store (<root>/mlflow.db) unless the config names another, W&B's an
+    offline run of the study's group under <out>/wandb. TensorBoard keeps no files."""
     out = Path(out).resolve()
     events = EventLog(Path(root).resolve())
-    try:
-        tracker = make_tracker("mlflow", cfg.mlflow, out, experiment)
-    except Exception as e:  # noqa: BLE001
-        Guarded("mlflow", "", cfg.timeout_s, events).fail("start", f"{type(e).__name__}: {e}")
-        return
-    guard = Guarded("mlflow", tracker.target, cfg.timeout_s, events)
     path = out / RECORD_FILE
-    before = json.loads(path.read_text()) if path.is_file() else {}
-    resume = before.get("resume") if before.get("target") == tracker.target else None
-    resume = guard.call("start its run", tracker.open, "compare", {"whale.kind": "compare"}, resume)
-    if guard.down:
-        return
-    atomic_write_text(path, json.dumps({"target": tracker.target, "resume": resume}))
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if "target" in record:  # written when only MLflow had the comparison
+        record = {"mlflow": record}
     shown = {f"compare/{n}": out / n for n in ("compare.png", "chain.png", "compare.md", "compare.csv", "runs.csv")}
-    guard.call("log artifacts", tracker.log_files, {k: p for k, p in shown.items() if p.is_file()})
-    guard.call("close its run", tracker.close, "FINISHED")
+    for name in ("mlflow", "wandb"):
+        if getattr(cfg, name) is None:
+            continue
+        try:
+            tracker = make_tracker(name, getattr(cfg, name), out, experiment)
+        except Exception as e:  # noqa: BLE001
+            Guarded(name, "", cfg.timeout_s, events).fail("start", f"{type(e).__name__}: {e}")
+            continue
+        guard = Guarded(name, tracker.target, cfg.timeout_s, events)
+        before = record.get(name) or {}
+        resume = before.get("resume") if before.get("target") == tracker.target else None
+        resume = guard.call("start its run", tracker.open, "compare", {"whale.kind": "compare"}, resume)
+        if guard.down:
+            continue
+        record[name] = {"target": tracker.target, "resume": resume}
+        atomic_write_text(path, json.dumps(record))
+        guard.call("log artifacts", tracker.log_files, {k: p for k, p in shown.items() if p.is_file()})
+        guard.call("close its run", tracker.close, "FINISHED")
