@@ -111,10 +111,11 @@ def test_math_gsm8k_as_published_answers_with_what_follows_its_marks(write, tmp_
             {"question": "A plane costs 1,200 a seat. What do 5 seats cost?",
              "answer": "5 * 1,200 = <<5*1200=6000>>6000\n#### 6,000"}]
     tasks = math_data.load_tasks(write(tmp_path / f"gsm8k.{write.__name__}", rows))
-    assert [t.answer for t in tasks] == ["72", "6000"]
+    assert [t.answer for t in tasks] == ["72", "6,000"]
     from domains.math_reasoning.verifier import verify
 
-    assert verify(tasks[0], "48 + 24 = 72, so \\boxed{72}") == 1.0 and verify(tasks[1], "\\boxed{6,000}") == 1.0
+    assert verify(tasks[0], "48 + 24 = 72, so \\boxed{72}") == 1.0
+    assert verify(tasks[1], "\\boxed{6,000}") == 1.0 and verify(tasks[1], "\\boxed{6000}") == 1.0
 
 
 # --- search_qa -------------------------------------------------------------------------------------

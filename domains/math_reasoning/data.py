@@ -96,10 +96,10 @@ def _answer(record: dict[str, Any]) -> Any:
     truth = reward.get("ground_truth") if isinstance(reward, dict) else None
     answer = truth if truth is not None else _first(record, ANSWER_COLUMNS)
     # GSM8K's answer is the worked solution, its final answer after "####": the verifier compares one number, so
-    # the whole solution would be a gold answer no completion ever matches (a thousands comma is dropped, as the
-    # verifier reads numbers)
+    # the whole solution would be a gold answer no completion ever matches (a thousands comma stays: the verifier's
+    # normalize reads "6,000" as 6000)
     if isinstance(answer, str) and GSM8K_FINAL in answer:
-        return answer.rsplit(GSM8K_FINAL, 1)[1].strip().replace(",", "")
+        return answer.rsplit(GSM8K_FINAL, 1)[1].strip()
     return answer
 
 
