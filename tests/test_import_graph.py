@@ -117,19 +117,25 @@ def reachable(g: dict[str, set[str]], roots: list[str]) -> set[str]:
     return seen
 
 
-def test_the_loop_and_the_sandbox_import_no_ray() -> None:
-    """The algorithm and the sandbox run without Ray (tests/test_loop.py drives the loop in process; the sandbox
-    is a subprocess matter): none of their modules imports it, and importing them all leaves it unloaded."""
+def loaded_by(imports: list[str], package: str) -> list[str]:
+    """The modules of `package` that importing `imports` loads, in a fresh interpreter."""
     import subprocess
     import sys
 
+    probe = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in imports) + \
+        f"print(sorted(n for n in sys.modules if n == {package!r} or n.startswith({package + '.'!r})))"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return ast.literal_eval(out.stdout.strip())
+
+
+def test_the_loop_and_the_sandbox_import_no_ray() -> None:
+    """The algorithm and the sandbox run without Ray (tests/test_loop.py drives the loop in process; the sandbox
+    is a subprocess matter): none of their modules imports it, and importing them all leaves it unloaded."""
     mods = modules()
     ours = [m for m in mods if m.startswith(("whale_ray.loop", "whale_ray.sandbox"))]
     assert len(ours) > 10 and not [m for m in ours if imports_ray(mods[m])]
-    probe = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in ours) + \
-        "print(sorted(n for n in sys.modules if n == 'ray' or n.startswith('ray.')))"
-    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout[-2000:] + out.stderr[-2000:]
+    assert loaded_by(ours, "ray") == []
 
 
 def test_the_policy_server_and_the_sandbox_layers_keep_their_bounds() -> None:
@@ -146,9 +152,5 @@ def test_the_policy_server_and_the_sandbox_layers_keep_their_bounds() -> None:
 def test_reading_a_config_imports_no_torch() -> None:
     """The config names the engines from their registry, and a checkpoint is checked before any engine starts:
     neither costs a process torch (whale_ray/policy/__init__.py imports nothing)."""
-    import subprocess
-    import sys
-
-    code = ("import sys, whale_ray.config, whale_ray.policy.engine_registry, whale_ray.policy.checkpoint; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+    assert loaded_by(["whale_ray.config", "whale_ray.policy.engine_registry", "whale_ray.policy.checkpoint"],
+                     "torch") == []
