@@ -24,7 +24,7 @@ from whale_ray.records import Task
 
 FOLDER = Path(__file__).resolve().parents[1] / "domains" / "math_reasoning"
 H0_KNOBS = {
-    "SYSTEM_PROMPT": "Solve the problem. You can run python.",
+    "SYSTEM_PROMPT": generator.SYSTEM_PROMPTS[0],
     "MAX_TURNS": 2,
     "MAX_TOKENS": 48,
     "TEMPERATURE": 1.0,
@@ -300,8 +300,8 @@ _TOOL_TURN = re.compile(r"```python\nprint\((.+)\)\n```")
 _STEP = re.compile(r"(\d+) ([-+*]) (\d+) = (\d+)")
 
 
-def _answer_of(text: str, boxed_only: bool) -> int:
-    m = re.fullmatch(r"\\boxed\{(\d+)\}", text) or (None if boxed_only else re.fullmatch(r"The answer is (\d+)\.", text))
+def _answer_of(text: str) -> int:
+    m = re.fullmatch(r"\\boxed\{(\d+)\}", text) or re.fullmatch(r"The answer is (\d+)\.", text)
     assert m, text
     return int(m.group(1))
 
@@ -317,7 +317,7 @@ def test_warmstart_formats():
         assert generator.is_warmstart_question(user["content"])
         counts["systems"].add(system["content"])
         prompt = system["content"]
-        boxed_only = "\\boxed" in prompt
+        asked = "\\boxed" in prompt
         assert [m["role"] for m in turns] == ["assistant", "user"] * (len(turns) // 2) + ["assistant"]
         if "python" in prompt.lower():
             counts["tool"] += 1
@@ -326,7 +326,7 @@ def test_warmstart_formats():
                 code = _TOOL_TURN.fullmatch(call["content"])
                 assert code, call["content"]
                 assert obs["content"] == f"Output: {safe_eval(code.group(1))}"
-            final = _answer_of(turns[-1]["content"], boxed_only)
+            final = _answer_of(turns[-1]["content"])
             assert turns[-2]["content"] == f"Output: {final}"
             first_expr = _TOOL_TURN.fullmatch(calls[0]["content"]).group(1)
             n_ops = len(re.findall(r" [-+*] ", first_expr))
@@ -345,10 +345,13 @@ def test_warmstart_formats():
                 assert value is None or int(a) == value
                 assert int(r) == safe_eval(f"{a} {op} {b}")
                 value = int(r)
-            assert _answer_of(answer, boxed_only) == value
-        if not boxed_only:
+            assert _answer_of(answer) == value
+        plain = turns[-1]["content"].endswith(".") and "The answer is" in turns[-1]["content"]
+        if asked:
+            assert not plain  # asked for \boxed{}: always boxed
+        else:
             counts["free"] += 1
-            counts["plain"] += turns[-1]["content"].endswith(".") and "The answer is" in turns[-1]["content"]
+            counts["plain"] += plain
         assert len(" ".join(m["content"] for m in conv).split()) < 110  # short: fits the tiny model's context
     assert counts["systems"] == set(generator.SYSTEM_PROMPTS)
     assert 0.05 < counts["whole"] / counts["multi"] < 0.3
@@ -515,7 +518,8 @@ def test_h0_shares_the_warmstart_formats():
     assert h0["format_observation"](tools.python("print(12 + 7)")) == generator.observation(19)
     assert h0["extract_answer"]("The answer is 14.") == "The answer is 14."
     assert h0["build_messages"]({"id": "t", "question": "Q?"}) == [
-        {"role": "system", "content": "Solve the problem. You can run python."}, {"role": "user", "content": "Q?"}]
+        {"role": "system", "content": generator.SYSTEM_PROMPTS[0]}, {"role": "user", "content": "Q?"}]
+    assert generator.TOOL_PROTOCOL in h0["SYSTEM_PROMPT"] and generator.BOXED_REQUEST in h0["SYSTEM_PROMPT"]
 
 
 def test_h0_one_step_tool_episode():
@@ -573,7 +577,7 @@ def _sections(text: str) -> dict[str, str]:
 def test_skill_layout_parses():
     sections = _sections(DOMAIN.skill_text)
     phrases = [line[2:].strip() for line in sections["Prompt phrases"].splitlines() if line.startswith("- ")]
-    assert "Put the final answer in \\boxed{}." in phrases and "You can run python." in phrases
+    assert {"Put the final answer in \\boxed{}.", "You can run python.", generator.TOOL_PROTOCOL} <= set(phrases)
     variants = re.findall(r"^### (\w+): ([^\n]+)\n```python\n(.*?)^```$", sections["Function variants"],
                           flags=re.MULTILINE | re.DOTALL)
     assert len(variants) == sections["Function variants"].count("### ") >= 4

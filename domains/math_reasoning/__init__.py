@@ -14,7 +14,7 @@ from . import data, generator, verifier
 class MathDomain(Domain):
     name = "math_reasoning"
     folder = Path(__file__).resolve().parent
-    warmstart_version = "2"
+    warmstart_version = "3"
     answer_format = AnswerFormat("\\boxed{", "}")
     difficulty_field = "steps"
 

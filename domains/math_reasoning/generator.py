@@ -9,15 +9,18 @@ intermediate and final result in 1..99, one to four steps.
 Everything is deterministic given the seed (random.Random with string seeds, which do not depend on
 PYTHONHASHSEED).
 
-The warm-start conversations teach the tiny model the domain's formats, and the wording of the system
+The warm-start conversations give the tiny model the domain's formats, and the wording of the system
 prompt conditions its behaviour (so that a harness's prompt matters):
   * a system prompt that mentions python -> one tool call per step, each a fenced block
     (TOOL_CALL_FORMAT), the observation comes back as a user message (OBSERVATION_FORMAT), and after
     the last step the assistant answers; in WHOLE_EXPRESSION_RATE of these conversations the assistant
     computes the whole expression in a single call instead;
   * no python -> one turn of inline reasoning, "12 + 7 = 19 . 19 - 5 = 14 . \\boxed{14}";
-  * a system prompt that mentions \\boxed -> the answer is always BOXED_ANSWER_FORMAT, otherwise half the
-    time BOXED_ANSWER_FORMAT and half PLAIN_ANSWER_FORMAT ("The answer is 14.").
+  * a system prompt that mentions \\boxed -> the answer is always BOXED_ANSWER_FORMAT, otherwise
+    PLAIN_ANSWER_FORMAT ("The answer is 14.") in PLAIN_ANSWER_RATE of the conversations and
+    BOXED_ANSWER_FORMAT in the rest.
+The first system prompt is h0's, which states the tool protocol and the answer format in words (as any
+instruct model needs them); the others are shorter prompts and phrase combinations a harness may write.
 h0.py duplicates the few of these strings it needs (it runs in a sandbox with the standard library
 only); tests/test_math_domain.py checks that the copies agree.
 """
@@ -42,14 +45,21 @@ REASONING_SEPARATOR = " . "
 TOOL_MENTION = "python"  # a system prompt containing this word (any case) asks for tool calls
 BOXED_MENTION = "\\boxed"  # a system prompt containing this asks for a boxed answer
 
+# h0's statement of the tool protocol, and of the answer format.
+TOOL_PROTOCOL = ("You can run python: write a program in a ```python block that prints the result, and its output "
+                 "comes back as \"Output: ...\".")
+BOXED_REQUEST = "Put the final answer in \\boxed{}."
+
 # The system prompts of the warm-start data. The first is h0's.
 SYSTEM_PROMPTS = (
+    f"Solve the problem. {TOOL_PROTOCOL} {BOXED_REQUEST}",
+    f"Solve the problem. {TOOL_PROTOCOL}",
     "Solve the problem. You can run python.",
-    "Solve the problem. You can run python. Put the final answer in \\boxed{}.",
+    f"Solve the problem. You can run python. {BOXED_REQUEST}",
     "You are a math assistant. You can run python.",
     "Solve the problem.",
-    "Solve the problem. Put the final answer in \\boxed{}.",
-    "Solve the problem step by step. Put the final answer in \\boxed{}.",
+    f"Solve the problem. {BOXED_REQUEST}",
+    f"Solve the problem step by step. {BOXED_REQUEST}",
 )
 
 WHOLE_EXPRESSION_RATE = 0.15  # tool conversations that compute everything in one call

@@ -1,16 +1,21 @@
-"""h0, the base harness of the math domain: deliberately weak.
+"""h0, the base harness of the math domain: a plain baseline any instruct model can follow, deliberately weak.
 
-One episode: ask the model, and while it asks for python, run the code and show it the output.
+One episode: the system prompt states the tool protocol and the answer format in words; while the model
+writes a python block, run it and show it the output.
 
+    system:     Solve the problem. You can run python: write a program in a ```python block that prints the
+                result, and its output comes back as "Output: ...". Put the final answer in \\boxed{}.
+    user:       Ann has 12 apples. She buys 7 more. ... How many apples does Ann have now?
     assistant:  ```python
                 print(12 + 7)
                 ```
     user:       Output: 19
 
 The verifier accepts a response only when its LAST \\boxed{...} holds the right answer. h0 is weak on
-purpose: the model gets only MAX_TURNS = 2 turns (a problem it solves one python call per step needs
-one turn per step plus one to answer), the prompt never asks for \\boxed{}, and extract_answer passes
-the model's text through unchanged, so "The answer is 14." scores 0.
+purpose, in ways a harness change can fix: MAX_TURNS = 2 model calls (a model that runs one step per
+python call needs one turn per step plus one to answer), MAX_TOKENS = 48 (a longer program or answer is
+cut off), extract_answer passes the model's text through unchanged (a right "The answer is 14." scores 0),
+one sample at temperature 1 and no voting.
 
 Standard library only: this file runs inside the sandbox.
 """
@@ -18,7 +23,8 @@ Standard library only: this file runs inside the sandbox.
 import collections
 import re
 
-SYSTEM_PROMPT = "Solve the problem. You can run python."
+SYSTEM_PROMPT = ("Solve the problem. You can run python: write a program in a ```python block that prints the result, "
+                 "and its output comes back as \"Output: ...\". Put the final answer in \\boxed{}.")
 MAX_TURNS = 2  # model calls per episode
 MAX_TOKENS = 48  # per model call
 TEMPERATURE = 1.0
@@ -42,7 +48,7 @@ def find_tool_call(text):
 
 
 def format_observation(output):
-    """How a tool's output is shown to the model (the format it was warm-started on)."""
+    """How a tool's output is shown to the model (as the system prompt says)."""
     return "Output: " + output.strip()
 
 
