@@ -179,7 +179,10 @@ def evaluate(a: Archive, cid: str, successes: list[bool], weight_version: int = 
 def variant(max_turns: int = 4, prompt: str = "Solve the problem. You can run python. Put the final answer in "
                                                  "\\\\boxed{}.") -> str:
     code = H0.replace("MAX_TURNS = 2  # model calls per episode", f"MAX_TURNS = {max_turns}  # model calls per episode")
-    return code.replace('SYSTEM_PROMPT = "Solve the problem. You can run python."', f'SYSTEM_PROMPT = "{prompt}"')
+    changed = re.sub(r"^SYSTEM_PROMPT = .*?(?=^MAX_TURNS)", lambda _: f'SYSTEM_PROMPT = "{prompt}"\n', code, count=1,
+                     flags=re.MULTILINE | re.DOTALL)
+    assert changed.count("SYSTEM_PROMPT = ") == 1 and prompt in changed
+    return changed
 
 
 def archive_with_history(tmp_path: Path) -> Archive:
