@@ -25,6 +25,7 @@ import random
 import zlib
 from dataclasses import dataclass
 
+from domains.math_reasoning.generator import TOOL_PROTOCOL  # one statement of the tool protocol for both worlds
 from whale_ray.records import Task
 
 # --- the levels ------------------------------------------------------------------------------------------
@@ -46,8 +47,6 @@ PLAIN_ANSWER_FORMAT = "The answer is {answer}."
 OP_SIGNS = {"+": "+", "-": "-", "*": "x"}
 
 SYSTEM_PROMPT = "Answer the question. Put the final answer in \\boxed{}."  # h0's
-TOOL_PROTOCOL = ("You can run python: write a program in a ```python block that prints the result, and its output "
-               "comes back as \"Output: ...\".")
 EXAMPLES = (  # h0's worked examples, shown as earlier turns of the chat
     ("What is 2 plus 3?", "2 + 3 = 5. The answer is \\boxed{5}."),
     ("What is 7 times 4?", "7 x 4 = 28. The answer is \\boxed{28}."),
