@@ -152,7 +152,7 @@ def test_whale_serve_model_answers_the_openai_client(smollm2, engine, tmp_path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "whale_ray.cli", "serve", "--model", smollm2, "--port", str(port),
                              "--isolation", "unsafe_none"], cwd=tmp_path, env={**os.environ, "COLUMNS": "400"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
         deadline = time.monotonic() + 300
@@ -171,7 +171,12 @@ def test_whale_serve_model_answers_the_openai_client(smollm2, engine, tmp_path):
         assert reply.usage.prompt_tokens == len(solo.prompt_ids)  # the model's own template, default system prompt
     finally:
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=120)
+        try:
+            out, _ = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # a server that will not stop must not outlive the test, nor its Ray
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
     assert proc.returncode == 0, out
 
 
