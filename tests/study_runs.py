@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import SMALL, nested
+from tests.helpers import SMALL, nested
 from tests.run_truth import guessing_math_harness
 from whale_ray.domain import get_domain
 

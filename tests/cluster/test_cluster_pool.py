@@ -164,8 +164,8 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
     import pyarrow.parquet as pq
 
     from actors.coordinator import Coordinator
-    from tests.conftest import small_config
     from tests.fault_injection import committed
+    from tests.helpers import small_config
     from tests.run_truth import check_ledger
 
     cluster.add_node(num_cpus=3, resources={"main": 4})  # for the PolicyServer and the Trainer's worker

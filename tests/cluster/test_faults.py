@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.coordinator import Coordinator
-from tests.conftest import small_config
 from tests.fault_injection import Fault, Injector
+from tests.helpers import small_config
 from tests.run_truth import check_ledger, check_selection, guessing_math_harness
 from whale_ray.domain import get_domain
 from whale_ray.events import read_events

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SMALL, build_test_policy, nested
+from tests.helpers import SMALL, build_test_policy, nested
 from tests.run_truth import check_ledger, guessing_math_harness
 from whale_ray.config import load_config
 from whale_ray.domain import get_domain

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import SMALL
+from tests.helpers import SMALL
 from tests.run_truth import check_ledger, check_selection, guessing_math_harness
 from whale_ray.archive import Archive
 from whale_ray.config import load_config

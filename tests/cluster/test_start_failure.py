@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from actors.coordinator import Coordinator, StartFailed
-from tests.conftest import small_config
+from tests.helpers import small_config
 from whale_ray.events import read_events
 
 

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SMALL, nested
+from tests.helpers import SMALL, check_placed, nested, spans, starts
 from tests.run_truth import guessing_math_harness
 from whale_ray.config import ConfigError, load_config
 from whale_ray.run_state import RunState
 from whale_ray.sweep import load_sweep, parse_sweep
-from whale_ray.sweep.trial import launches
 
 
 @pytest.mark.parametrize("tree, message", [
@@ -103,34 +102,6 @@ def tune_statuses(root: Path) -> dict[str, str]:
         except (json.JSONDecodeError, KeyError, ValueError):
             pass  # being rewritten
     return out
-
-
-def starts(run: Path) -> int:
-    return sum(e["event"] == "start" for e in launches(run))
-
-
-def spans(run: Path) -> list[tuple[float, float]]:
-    """[start, end] of each launch of a trial that ended (a launch killed with the sweep has no end)."""
-    out, start = [], None
-    for e in launches(run):
-        if e["event"] == "start":
-            start = e["time"]
-        elif e["event"] == "end" and start is not None:
-            out.append((start, e["time"]))
-            start = None
-    return out
-
-
-def check_placed(run: Path) -> set[str]:
-    """Every actor of every launch ran in that launch's trial placement group; returns the groups."""
-    groups = set()
-    for e in launches(run):
-        if e["event"] == "placed":
-            assert "error" not in e and e["group"], e
-            assert {"policy_server", "proposer", "evaluator0"} <= set(e["actors"]), e
-            assert set(e["actors"].values()) == {e["group"]}, e
-            groups.add(e["group"])
-    return groups
 
 
 def launch(sweep_file: Path, root: Path) -> subprocess.Popen:

@@ -11,9 +11,8 @@ import pytest
 
 from domains.math_reasoning import verifier
 from domains.math_reasoning.arithmetic import DOMAIN, generator
-from tests.conftest import load_harness
+from tests.helpers import load_harness, safe_eval
 from tests.inprocess_agent import InProcessEpisode
-from tests.domains.test_math_domain import safe_eval
 from whale_ray.archive import Archive
 from whale_ray.config import DataConfig
 from whale_ray.domain import Splits, get_domain

@@ -17,7 +17,7 @@ import chess
 import pytest
 
 from domains.chess_puzzles import DOMAIN, ChessDomain, data, env, generator, tools, verifier
-from tests.conftest import load_harness
+from tests.helpers import load_harness
 from tests.inprocess_agent import InProcessEpisode
 from whale_ray.config import DataConfig
 from whale_ray.domain import DataError, Domain, get_domain

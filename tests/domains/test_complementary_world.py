@@ -16,7 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from domains.math_reasoning import generator
-from tests.conftest import load_harness
+from tests.helpers import load_harness
 from whale_ray.config import DataConfig
 from whale_ray.domain import get_domain, split_sizes
 from whale_ray.records import ModelCall, Task

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from domains.math_reasoning import DOMAIN, MathDomain, data, generator, tools, verifier
-from tests.conftest import load_harness
+from tests.helpers import load_harness, safe_eval
 from tests.inprocess_agent import InProcessEpisode
 from whale_ray.config import DataConfig
 from whale_ray.domain import DataError, Domain, Splits, get_domain
@@ -35,24 +35,6 @@ H0_KNOBS = {
 
 
 # --- helpers ---------------------------------------------------------------------------------------
-
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
-
-
-def safe_eval(expression: str) -> int:
-    """Evaluate an integer + - * expression without eval()."""
-
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))
-        raise ValueError(f"unexpected node {ast.dump(node)}")
-
-    return ev(ast.parse(expression, mode="eval"))
-
 
 def dapo_row(question, answer, index, prompt_text=None):
     return {

@@ -23,7 +23,7 @@ import pytest
 from domains.search_qa import DOMAIN, SearchQADomain, data, generator, retrieval, tools, verifier
 from domains.search_qa.config import JudgeConfig, RetrievalConfig
 from domains.search_qa.retrieval import BM25Retriever, HTTPRetriever, Passage, RetrievalError
-from tests.conftest import load_harness
+from tests.helpers import load_harness
 from tests.inprocess_agent import InProcessEpisode
 from whale_ray.config import DataConfig, load_config
 from whale_ray.domain import DataError, Domain, get_domain

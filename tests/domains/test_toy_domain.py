@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.coordinator import Coordinator
-from tests.conftest import small_config
+from tests.helpers import small_config
 from whale_ray.config import ConfigError, WhaleConfig, load_config
 from whale_ray.domain import DataError, domain_names, get_domain
 from whale_ray.run_state import RunState

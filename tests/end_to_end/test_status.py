@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import small_config
+from tests.helpers import small_config
 from whale_ray.archive import Archive
 from whale_ray.domain import get_domain
 from whale_ray.loop import RunDirectory

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.conftest import SMALL
+from tests.helpers import SMALL, check_placed, spans, starts
 from tests.study_runs import CONDITIONS, SEEDS, E, run_study
-from tests.cluster.test_sweep import check_placed, spans, starts
 from whale_ray.config import load_recorded_config
 from whale_ray.run_state import RunState
 

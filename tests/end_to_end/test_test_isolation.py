@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import small_config
+from tests.helpers import FakeOpenAI, reply, small_config, variant
 from tests.run_truth import check_no_test_data, check_test_isolation
-from tests.proposers.test_llm_proposer import FakeOpenAI, reply, variant
 
 
 def prying_script(body: dict[str, Any], index: int) -> dict[str, Any]:

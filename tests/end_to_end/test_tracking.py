@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import SMALL, nested
+from tests.helpers import SMALL, nested
 from tests.study_runs import CONDITIONS, SEEDS
 from whale_ray.config import TrackingConfig, load_config, with_trackers
 from whale_ray.events import read_events

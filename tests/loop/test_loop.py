@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import small_config
+from tests.helpers import small_config
 from whale_ray.domain import get_domain
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
 from whale_ray.records import EpisodeResult, ModelCall

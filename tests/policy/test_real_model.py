@@ -147,7 +147,7 @@ def test_one_rsft_step_on_accepted_calls_reloads_as_a_fresh_load_of_the_saved_ch
 
 
 def test_whale_serve_model_answers_the_openai_client(smollm2, engine, tmp_path):
-    from tests.serve.test_serve import free_port
+    from tests.helpers import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "whale_ray.cli", "serve", "--model", smollm2, "--port", str(port),
@@ -239,7 +239,7 @@ def test_a_short_whale_run_on_the_real_model_finishes_and_records_its_rsft_setti
     checkpoint (not the embedded policy's 3e-4), and the weight phase trained on what the verifier accepted."""
     import yaml
 
-    from tests.conftest import SMALL, nested
+    from tests.helpers import SMALL, nested
 
     config = tmp_path / "small.yaml"
     config.write_text(yaml.safe_dump(nested({**SMALL, "cycles": 1, "I": 2, "data.n_weight": 6,

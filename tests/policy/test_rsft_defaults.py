@@ -8,7 +8,7 @@ import math
 import pytest
 import yaml
 
-from tests.conftest import small_config
+from tests.helpers import small_config
 from whale_ray.config import WeightPhaseConfig, dump_config, load_config
 from whale_ray.loop import RunDirectory
 from whale_ray.rsft import RSFTLearner

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.coordinator import Coordinator
-from tests.conftest import load_harness, small_config
+from tests.helpers import load_harness, small_config
 from tests.run_truth import guessing_math_harness
 from whale_ray.domain import get_domain
 

@@ -228,7 +228,7 @@ def test_a_stalled_replica_is_named_and_that_version_goes_through_the_object_sto
 @pytest.mark.slow
 def test_a_whale_run_with_two_replicas_by_broadcast_serves_every_version(tmp_path, ray_cluster, tiny_policy):
     from actors.coordinator import Coordinator
-    from tests.cluster.test_coordinator import check_condition_run, study_config
+    from tests.helpers import check_condition_run, study_config
 
     cfg = study_config(tmp_path, "whale", "math_reasoning", policy__replicas=2, weight__weight_sync="broadcast",
                        weight__broadcast__timeout_s=TIMEOUT_S)

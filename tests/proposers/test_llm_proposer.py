@@ -12,13 +12,13 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import yaml
 
+from tests.helpers import H0, FakeOpenAI, reply, variant
 from whale_ray.archive import Archive
 from whale_ray.config import DataConfig, HarnessPhaseConfig, load_config
 from whale_ray.domain import get_domain
@@ -30,30 +30,11 @@ from whale_ray.proposers.registry import PROPOSER_KINDS, make_proposer
 from whale_ray.proposers.session import Limits, Usage, budget_exhausted, cost_usd, price_for
 
 REPO = Path(__file__).resolve().parents[2]
-H0 = (REPO / "domains" / "math_reasoning" / "h0.py").read_text()
 SKILL = (REPO / "domains" / "math_reasoning" / "skill.md").read_text()
 
 
 # ================================================================ an OpenAI-compatible server on loopback
-
-
-def reply(*calls: tuple[str, Any], content: str | None = None, usage: tuple[int, int, int] | None = (1000, 100, 0),
-          raw_arguments: bool = False) -> dict[str, Any]:
-    """A chat.completion body: the assistant calls `calls` ((name, arguments) pairs) and/or says `content`."""
-    tool_calls = [{"id": f"call_{i}_{name}", "type": "function",
-                   "function": {"name": name, "arguments": args if raw_arguments else json.dumps(args)}}
-                  for i, (name, args) in enumerate(calls)]
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
-    body: dict[str, Any] = {"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": "scripted",
-                            "choices": [{"index": 0, "message": message,
-                                         "finish_reason": "tool_calls" if tool_calls else "stop"}]}
-    if usage is not None:
-        p, c, cached = usage
-        body["usage"] = {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-                         "prompt_tokens_details": {"cached_tokens": cached}}
-    return body
+# (FakeOpenAI and reply() are in tests/helpers.py: the D_test isolation test scripts the server too)
 
 
 def http_error(status: int, headers: dict[str, str] | None = None, body: str = '{"error": {"message": "busy"}}'):
@@ -63,74 +44,6 @@ def http_error(status: int, headers: dict[str, str] | None = None, body: str = '
 def stall(seconds: float):
     """Answer only after `seconds` (longer than the client's timeout), with a reply nobody reads."""
     return ("stall", seconds)
-
-
-class FakeOpenAI:
-    """POST /v1/chat/completions answered from `script`: a list of steps consumed one per request, or a
-    callable (request body, request index) -> step. A step is a reply() body, http_error(...), stall(...)
-    or ("raw", text)."""
-
-    def __init__(self, script: list[Any] | Callable[[dict[str, Any], int], Any]):
-        self.script = script
-        self.requests: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self._lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-                with fake._lock:
-                    index = len(fake.requests)
-                    fake.requests.append(body)
-                    fake.headers.append(dict(self.headers))
-                    step = fake._step(body, index)
-                try:
-                    if isinstance(step, tuple) and step[0] == "stall":
-                        time.sleep(step[1])
-                        step = reply(content="too late")
-                    if isinstance(step, tuple) and step[0] == "error":
-                        _, status, headers, text = step
-                        self._send(status, text.encode(), headers)
-                    elif isinstance(step, tuple) and step[0] == "raw":
-                        self._send(200, step[1].encode())
-                    else:
-                        self._send(200, json.dumps(step).encode())
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up (a timeout test)
-
-            def _send(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def _step(self, body: dict[str, Any], index: int) -> Any:
-        if callable(self.script):
-            return self.script(body, index)
-        if index >= len(self.script):
-            return reply(content="I am done.")
-        return self.script[index]
-
-    def sessions(self) -> int:
-        """Requests that opened a session (system + overview, nothing else yet)."""
-        return sum(1 for r in self.requests if len(r["messages"]) == 2)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -174,12 +87,6 @@ def evaluate(a: Archive, cid: str, successes: list[bool], weight_version: int = 
         rows.append({"task_id": f"h{i}", "reward": 1.0 if ok else 0.0, "turns": 1 if ok else 2,
                      "prompt_tokens": 40, "status": "ok"})
     a.record_evaluation(cid, rows, traces, weight_version=weight_version)
-
-
-def variant(max_turns: int = 4, prompt: str = "Solve the problem. You can run python. Put the final answer in "
-                                                 "\\\\boxed{}.") -> str:
-    code = H0.replace("MAX_TURNS = 2  # model calls per episode", f"MAX_TURNS = {max_turns}  # model calls per episode")
-    return code.replace('SYSTEM_PROMPT = "Solve the problem. You can run python."', f'SYSTEM_PROMPT = "{prompt}"')
 
 
 def archive_with_history(tmp_path: Path) -> Archive:
@@ -512,7 +419,7 @@ def smart_script(test_questions: list[str], leak: bool = True, usage=(3000, 500,
 
 
 def coordinator_config(run_dir: Path, base_url: str, **over: Any):
-    from tests.conftest import small_config
+    from tests.helpers import small_config
 
     over = {"I": 3, **over}
     return small_config(run_dir, condition="mh_only", cycles=1, harness_phase__proposer="llm",
@@ -665,7 +572,7 @@ def test_whale_run_refuses_a_remote_proposer_without_its_key(tmp_path):
 
 @pytest.mark.slow
 def test_whale_run_with_the_llm_proposer_on_loopback(tmp_path, serve, tiny_policy):
-    from tests.conftest import SMALL
+    from tests.helpers import SMALL
 
     server = serve(smart_script([], leak=False))
     config = tmp_path / "study.yaml"

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from actors.coordinator import Coordinator
-from tests.conftest import small_config
+from tests.helpers import small_config
 from whale_ray.archive import Archive
 from whale_ray.run_state import RunState
 from whale_ray.sandbox.isolation import find_bwrap

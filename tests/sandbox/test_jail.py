@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox.test_redteam import slots_held_elsewhere
+from tests.helpers import slots_held_elsewhere
 from whale_ray.archive import Archive
 from whale_ray.config import HarnessPhaseConfig
 from whale_ray.proposers.agent_cli import AgentCLIProposer

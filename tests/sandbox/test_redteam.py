@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import slots_held_elsewhere
 from whale_ray.records import ModelCall
 from whale_ray.sandbox import SandboxLimits, isolation, run_episode
 
@@ -42,27 +43,6 @@ def score(result) -> float:
     from whale_ray.records import Task
 
     return float(verify(Task(id=TASK["id"], question=TASK["question"], answer=GOLD), result.answer))
-
-
-def slots_held_elsewhere() -> set[int]:
-    """Slot uids that another process of this shared machine holds right now (its flock on the slot file):
-    their processes are that process's episodes, not leftovers of ours."""
-    import fcntl
-
-    from whale_ray.sandbox.uid_pool import UID_POOL
-
-    held = set()
-    d = UID_POOL._lock_dir()
-    for name in os.listdir(d) if d else []:
-        fd = os.open(os.path.join(d, name), os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError:
-            held.add(int(name))
-        finally:
-            os.close(fd)
-    return held
 
 
 def sandbox_uid_pids() -> list[int]:

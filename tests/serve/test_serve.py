@@ -11,16 +11,14 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import textwrap
 import time
 from pathlib import Path
 
 import openai
 import pytest
-import torch
 
-from whale_ray.rsft import TOKENIZER_FILES
+from tests.helpers import Run, free_port, generate_in_process, in_process
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,46 +27,9 @@ QUESTION = [{"role": "system", "content": "Solve the problem. You can run python
             {"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Run:
-    """A run directory written the way whale_ray/loop does: checkpoint first, then state.json atomically."""
-
-    def __init__(self, root: Path, base: str):
-        from transformers import AutoModelForCausalLM
-
-        from whale_ray.run_state import RunState
-
-        self.root, self.base, self.state = root, base, RunState()
-        self.model = AutoModelForCausalLM.from_pretrained(base)
-        self.state.save(root)
-
-    def land(self, version: int) -> Path:
-        """New weights v<version> (the base model, perturbed) on record; older checkpoints pruned."""
-        torch.manual_seed(version)
-        with torch.no_grad():
-            for p in self.model.parameters():
-                p.add_(0.05 * p.std() * torch.randn_like(p))
-        path = self.root / "checkpoints" / f"v{version:05d}"
-        self.model.save_pretrained(path)
-        for name in TOKENIZER_FILES:  # as RSFTLearner.save does
-            if (Path(self.base) / name).is_file():
-                shutil.copy2(Path(self.base) / name, path / name)
-        old = self.state.checkpoint
-        self.state.weight_version, self.state.checkpoint = version, str(path.relative_to(self.root))
-        self.state.save(self.root)
-        if old:
-            shutil.rmtree(self.root / old)
-        return path
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_policy, ray_cluster):
-    from tests.conftest import small_config
+    from tests.helpers import small_config
     from whale_ray.config import ServeConfig, dump_config
     from whale_ray.serve.app import deploy, undeploy
     from whale_ray.serve.spec import for_run_dir
@@ -87,19 +48,6 @@ def served(tmp_path_factory, tiny_policy, ray_cluster):
 
 def client(url: str, **kw) -> openai.OpenAI:
     return openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, **kw)
-
-
-def in_process(checkpoint: str, version: int, messages=None, prompt=None, **sampling) -> str:
-    return generate_in_process(checkpoint, version, messages, prompt, **sampling).text
-
-
-def generate_in_process(checkpoint: str, version: int, messages=None, prompt=None, **sampling):
-    from whale_ray.policy.engine import GenerationRequest
-    from whale_ray.policy.transformers_engine import TransformersEngine
-    from whale_ray.records import SamplingParams
-
-    engine = TransformersEngine(checkpoint, device="cpu", version=version)
-    return engine.generate([GenerationRequest(messages or [], SamplingParams(**sampling), prompt=prompt)])[0]
 
 
 def test_chat_sync_async_and_streaming(served, tiny_policy):
@@ -355,7 +303,7 @@ def test_agent_of_search_qa_searches_its_own_retriever_and_chess_is_refused(ray_
     config, and returns what a retriever built here over the same corpus returns; chess, whose opponent plays
     the reference line (a trusted field), is one 400 line, not a game against no one."""
     from domains.search_qa import generator, retrieval
-    from tests.conftest import small_config
+    from tests.helpers import small_config
     from whale_ray.config import ServeConfig
     from whale_ray.domain import get_domain
     from whale_ray.serve.agent import AgentRequest, start_agent_services

@@ -8,23 +8,18 @@ too when it was the default, commit 7c2791e.)"""
 
 from __future__ import annotations
 
-import socket
 import time
 from pathlib import Path
 
 import openai
 import pytest
 
+from tests.helpers import free_port
+
 pytestmark = pytest.mark.timeout(300)
 
 QUESTION = [{"role": "user", "content": "Tom has 3 apples and buys 4 more. How many apples does he have?"}]
 PROMPT = "Tom has 3 apples and buys 4 more."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def in_process(policy: str, messages=None, prompt=None, **sampling) -> str:
@@ -143,8 +138,7 @@ def test_shared_engine_behind_haproxy_serves_every_replica_and_loads_each_versio
     import httpx2
     import ray
 
-    from tests.conftest import small_config
-    from tests.serve.test_serve import Run, in_process
+    from tests.helpers import Run, in_process, small_config
     from whale_ray.config import ServeConfig, dump_config
     from whale_ray.serve.app import deploy, undeploy
     from whale_ray.serve.engines import SHARED_NAME, SHARED_NAMESPACE
@@ -214,8 +208,7 @@ def test_an_engine_actor_killed_under_load_comes_back_on_the_runs_latest_weights
 
     import httpx2
 
-    from tests.conftest import small_config
-    from tests.serve.test_serve import Run
+    from tests.helpers import Run, small_config
     from whale_ray.config import ServeConfig, dump_config
     from whale_ray.serve.app import deploy, undeploy
     from whale_ray.serve.spec import for_run_dir

@@ -1,6 +1,7 @@
 """No import loops in the installed packages: the static import graph of whale_ray/, actors/ and domains/,
 read with ast. Every import counts, also those inside functions and under `if TYPE_CHECKING:` (a loop
-hidden in a function is still a loop in the design)."""
+hidden in a function is still a loop in the design). The same for the test suite's bounds: test modules sit in
+folders by capability and import neither conftest.py nor one another (what they share is tests/helpers.py's)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def from_base(node: ast.ImportFrom, package: str) -> str:
+    """The module a `from ... import` reads from, a relative one resolved against `package`."""
+    if not node.level:
+        return node.module or ""
+    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+    return ".".join(up + ([node.module] if node.module else []))
+
+
 def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
     """module -> the modules of ours it imports (a name imported from a package resolves to its submodule
     when there is one, else to the package)."""
@@ -41,10 +50,7 @@ def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                    base = ".".join(up + ([node.module] if node.module else []))
+                base = from_base(node, package)
                 targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
             for t in targets:
                 dep = ours(t)
@@ -154,3 +160,57 @@ def test_reading_a_config_imports_no_torch() -> None:
     neither costs a process torch (whale_ray/policy/__init__.py imports nothing)."""
     assert loaded_by(["whale_ray.config", "whale_ray.policy.engine_registry", "whale_ray.policy.checkpoint"],
                      "torch") == []
+
+
+# --- the test suite ---------------------------------------------------------------------------------------------------
+TESTS = REPO / "tests"
+
+
+def imported_names(path: Path, source: str | None = None) -> set[str]:
+    """Every module a file of tests/ imports, by its dotted name (relative imports resolved); `from p import m`
+    counts as p and as p.m, since m may be a module."""
+    package = ".".join(path.relative_to(REPO).parent.parts)
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source if source is not None else path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = from_base(node, package)
+            names.add(base)
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return names
+
+
+def suite_modules() -> list[Path]:
+    return sorted(TESTS.rglob("test_*.py"))
+
+
+def forbidden_imports(path: Path, source: str | None = None) -> set[str]:
+    """What `path` imports of conftest.py or of a test module (by package path or bare name): fixtures reach a
+    test through pytest, and code two tests share belongs in tests/helpers.py, not in one of them."""
+    tests = {".".join(p.relative_to(REPO).with_suffix("").parts) for p in suite_modules()}
+    banned = tests | {t.rpartition(".")[2] for t in tests} | {"conftest", "tests.conftest"}
+    return imported_names(path, source) & banned
+
+
+def test_the_test_modules_sit_in_capability_folders_that_are_packages() -> None:
+    found = suite_modules()
+    assert len(found) > 40 and not [p for p in found if p.parent == TESTS], "a test module at the top of tests/"
+    assert all((p.parent / "__init__.py").is_file() for p in found) and (TESTS / "__init__.py").is_file()
+
+
+def test_the_scan_sees_imports_of_conftest_and_of_test_modules() -> None:
+    assert "tests.helpers" in imported_names(TESTS / "cluster" / "test_cluster_pool.py")  # in a function only
+    serve = TESTS / "serve" / "test_serve_layouts.py"
+    bad = "from tests.conftest import SMALL\nfrom tests.serve import test_serve\nfrom .test_serve_lag import LoopLag\n"
+    assert forbidden_imports(serve, bad) == {"tests.conftest", "tests.serve.test_serve", "tests.serve.test_serve_lag"}
+    assert forbidden_imports(serve, "import conftest, test_redteam\n") == {"conftest", "test_redteam"}
+    assert forbidden_imports(serve, "from tests.helpers import Run\n") == set()
+
+
+def test_no_test_file_imports_conftest_or_a_test_module() -> None:
+    """Over every Python file of tests/ (helpers too: a helper that imported a test module would be the same
+    dependency one step removed)."""
+    found = {str(p.relative_to(REPO)): sorted(bad)
+             for p in sorted(TESTS.rglob("*.py")) if (bad := forbidden_imports(p))}
+    assert not found, found
