@@ -23,8 +23,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from actors.coordinator import Coordinator  # noqa: E402
-from tests.conftest import small_config  # noqa: E402
 from tests.fault_injection import Fault, Injector  # noqa: E402
+from tests.helpers import small_config  # noqa: E402
 from tests.run_truth import guessing_math_harness  # noqa: E402
 from whale_ray.domain import get_domain  # noqa: E402
 from whale_ray.events import read_events  # noqa: E402

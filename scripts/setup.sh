@@ -17,9 +17,9 @@ apt_need() {
 }
 
 apt_need bwrap bubblewrap "the sandbox needs it"
-# Headless Chromium: tests/test_report_html.py opens the report pages in it (skipped where it is absent).
+# Headless Chromium: tests/end_to_end/test_report_html.py opens the report pages in it (skipped where it is absent).
 apt_need chromium chromium "the report-page tests will skip"
-# strace: tests/test_archive.py injects real disk-full and power-cut faults into rename() with it.
+# strace: tests/loop/test_archive.py injects real disk-full and power-cut faults into rename() with it.
 apt_need strace strace "the archive's crash tests will skip"
 
 PY=${PYTHON:-python3}

@@ -7,74 +7,14 @@ import gc
 import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from whale_ray.config import WhaleConfig, load_config
-
-# Small enough to run each condition in seconds, large enough that every phase does real work.
-SMALL = {
-    "cycles": 2, "E": 0.5, "I": 2,
-    "data.n_weight": 8, "data.n_harness": 4, "data.n_val": 4, "data.n_test": 4,
-    "weight.samples_per_prompt": 2, "weight.prompts_per_step": 2,
-    "harness_phase.candidates_per_iteration": 2,
-    "eval.test_samples": 2, "eval.val_samples": 1,
-    "sandbox.slots": 8, "sandbox.wall_s": 20,
-    "adaptive.weight_min_epochs": 0.25, "adaptive.weight_window": 1, "adaptive.weight_max_epochs": 0.75,
-    "adaptive.harness_min_iterations": 2, "adaptive.harness_patience": 1, "adaptive.harness_max_iterations": 3,
-}
-
-
-def nested(dotted: dict) -> dict:
-    """{"a.b": 1} -> {"a": {"b": 1}}: SMALL's dotted keys as a config file's tree."""
-    tree: dict = {}
-    for key, value in dotted.items():
-        *parents, leaf = key.split(".")
-        node = tree
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return tree
-
-
-def load_harness(folder: Path, source: str | None = None) -> dict:
-    """A harness loaded the way the sandbox does (from its source text, in a fresh namespace): `source`, else
-    the h0.py of the domain `folder`; in process, for unit tests of its functions."""
-    namespace: dict = {"__name__": "harness"}
-    exec(compile(source or (Path(folder) / "h0.py").read_text(), "h0.py", "exec"), namespace)
-    return namespace
-
-
-def small_config(run_dir: Path, **overrides) -> WhaleConfig:
-    values = {**SMALL, "run_dir": str(run_dir), **{k.replace("__", "."): v for k, v in overrides.items()}}
-    cfg = load_config(None, values)
-    cfg.run_dir = Path(cfg.run_dir).resolve()
-    return cfg
-
+from tests.helpers import build_test_policy, policy_cache
 
 USER_WHALE_CACHE = os.environ.get("WHALE_CACHE")  # as the user set it, before policy_cache points it at pytest's
-
-
-@functools.cache
-def policy_cache(config: pytest.Config) -> Path:
-    """Where the test policies are built: pytest's cache directory (kept between sessions; a build is keyed on
-    everything it depends on, like the real cache), or a fresh folder when the cache plugin is off."""
-    cache = getattr(config, "cache", None)
-    path = cache.mkdir("whale-cache") if cache is not None else Path(tempfile.mkdtemp(prefix="whale-cache-"))
-    os.environ["WHALE_CACHE"] = str(path)  # subprocesses (whale run) find the same builds
-    return path
-
-
-def build_test_policy(config: pytest.Config, domain: str) -> str:
-    """A small embedded policy of `domain` (60 warm-start steps), built once and cached."""
-    from whale_ray.domain import get_domain
-    from whale_ray.policy.tiny import build_embedded_policy
-
-    return str(build_embedded_policy(get_domain(domain), cache_dir=policy_cache(config), warmstart_steps=60,
-                                     seed=0, progress=False))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -1,5 +1,5 @@
 """Real faults for a running Coordinator: SIGKILL of an actor's worker process, or `ray.kill` (restartable),
-fired when the run directory's committed state reaches a point. Used by tests/test_faults.py and by
+fired when the run directory's committed state reaches a point. Used by tests/cluster/test_faults.py and by
 benchmarks/fault_recovery.py (the kill table).
 """
 

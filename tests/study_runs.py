@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import SMALL, nested
+from tests.helpers import SMALL, nested
 from tests.run_truth import guessing_math_harness
 from whale_ray.domain import get_domain
 
@@ -27,7 +27,7 @@ TRACKED = "mlflow,tensorboard" + (",wandb" if importlib.util.find_spec("wandb") 
 def study_argv(root: Path, config: Path) -> list[str]:
     return [sys.executable, "-m", "whale_ray.cli", "study", "--conditions", ",".join(CONDITIONS),
             "--seeds", str(len(SEEDS)), "--first-seed", str(SEEDS[0]), "--E", str(E), "--config", str(config),
-            "--root", str(root), "--track", TRACKED]  # tests/test_tracking.py reads each
+            "--root", str(root), "--track", TRACKED]  # tests/end_to_end/test_tracking.py reads each
 
 
 def run_study(root: Path, config: Path) -> subprocess.CompletedProcess:

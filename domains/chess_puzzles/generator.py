@@ -32,7 +32,7 @@ matters):
     copy a marked item (the SAN comes first, so the UCI it copies follows the mark), which is the signal
     a harness that offers the list gives it.
 h0.py duplicates the strings it needs (it runs in a sandbox with the standard library only);
-tests/test_chess_domain.py checks that the copies agree.
+tests/domains/test_chess_domain.py checks that the copies agree.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ prompt conditions its behaviour (so that a harness's prompt matters):
 The first system prompt is h0's, which states the tool protocol and the answer format in words (as any
 instruct model needs them); the others are shorter prompts and phrase combinations a harness may write.
 h0.py duplicates the few of these strings it needs (it runs in a sandbox with the standard library
-only); tests/test_math_domain.py checks that the copies agree.
+only); tests/domains/test_math_domain.py checks that the copies agree.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ gpu_tests() {
   local t=$SECONDS
   # pytest-timeout (on the image) dumps every thread's stack if a test hangs; the whole log comes back
   WHALE_GPU_POLICY=.gpu/policy timeout -k 10 ${TEST_TIMEOUT:-110} python3 -m pytest -q -s -p no:cacheprovider \
-    --timeout ${TEST_STEP_TIMEOUT:-90} --timeout-method thread tests/test_vllm_gpu.py -k "$GPU_TESTS" > "$OUT/tests.log" 2>&1
+    --timeout ${TEST_STEP_TIMEOUT:-90} --timeout-method thread tests/policy/test_vllm_gpu.py -k "$GPU_TESTS" > "$OUT/tests.log" 2>&1
   echo "tests rc $? in $((SECONDS - t)) s"
   grep -E "passed|failed|error|sleep level|IPC load|Error|assert|Timeout" "$OUT/tests.log" | grep -v -E "WARNING|INFO" | tail -20
 }

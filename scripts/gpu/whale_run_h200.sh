@@ -21,10 +21,10 @@ rc=$?
 # run directories without weights, and the Ray worker logs that name vLLM (the PolicyServer's)
 logs=$(grep -l -i vllm /tmp/ray/session_*/logs/worker-*.err 2>/dev/null | head -4)
 tar czf "$OUT/runs.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' $ROOT $logs 2>/dev/null
-# then, if asked (GPU_TESTS="-k reload", say), tests/test_vllm_gpu.py on the same machine
+# then, if asked (GPU_TESTS="-k reload", say), tests/policy/test_vllm_gpu.py on the same machine
 if [ -n "${GPU_TESTS:-}" ]; then
   WHALE_GPU_POLICY=.gpu/policy timeout ${TEST_TIMEOUT:-100} python3 -m pytest -q -p no:cacheprovider \
-    tests/test_vllm_gpu.py $GPU_TESTS 2>&1 | tail -15 | tee "$OUT/tests.txt"
+    tests/policy/test_vllm_gpu.py $GPU_TESTS 2>&1 | tail -15 | tee "$OUT/tests.txt"
 fi
 ls -la "$OUT"
 exit $rc

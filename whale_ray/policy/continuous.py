@@ -16,7 +16,7 @@ batch) does not change what it attends to; position ids are per row. What can ch
 in float32 (the tiny policy, SDPA attention) a row's logits are bit for bit the same beside 1 or 7 other rows
 of the same width, but masked padding columns before it move them by ~2e-6 (the attention reduces over a
 longer key axis, in another order): a seeded request joining a batch samples the same tokens unless two are
-that close, and its log-probs agree to ~1e-6 (tests/test_policy.py pins tokens equal, log-probs to 1e-5).
+that close, and its log-probs agree to ~1e-6 (tests/policy/test_policy.py pins tokens equal, log-probs to 1e-5).
 
 Sampling per row is `sample_rows_top` with the row's own uniforms: `noise[row, k]` is the k-th draw of the
 request's seeded generator, whatever batch the request runs in.

@@ -212,7 +212,7 @@ class VLLMEngine:
             raise ValueError(f"load_weights: missing keys: {', '.join(missing[:5])}")
         # vLLM loads a tied head from the embedding and skips lm_head.weight: say so by not sending it. Tensors
         # go as they are: vLLM's loaders copy them into its parameters with the cast (the Trainer's float32 CPU
-        # tensors too: tests/test_vllm_gpu.py's trainer_cpu_fp32 case).
+        # tensors too: tests/policy/test_vllm_gpu.py's trainer_cpu_fp32 case).
         items = [(k, v) for k, v in state_dict.items() if k not in self._tied_head]
         done: cf.Future = cf.Future()
         self._commands.put(("reload", items, int(version), done))

@@ -1,5 +1,5 @@
 """The channel's frames on the host side: encoding what the host sends, and the strict decoder of what the
-child sends, which is the untrusted input tests/test_rpc_fuzz.py attacks.
+child sends, which is the untrusted input tests/sandbox/test_rpc_fuzz.py attacks.
 
 A frame is a 4-byte big-endian length and a UTF-8 JSON object (docs/contracts.md). `decode_frame` accepts
 only a JSON object with a str type, 64-bit integers, finite numbers, nesting <= MAX_DEPTH and no lone

@@ -1,0 +1,1 @@
+"""Whole commands through their CLI: whale run's bad input, study, compare, report, status, calibrate, tracking."""

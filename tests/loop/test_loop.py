@@ -1,0 +1,335 @@
+"""The WHALE loop (whale_ray.loop) over in-process roles: no Ray, no sandbox, no model; milliseconds a run.
+
+The roles here are small deterministic stand-ins for the actors: an episode "succeeds" by a rule of the
+harness text and the seed, the trainer counts versions, the proposer appends a marker line. What is under
+test is the loop's bookkeeping: budgets, counts, selection, the run directory and resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.helpers import small_config
+from whale_ray.domain import get_domain
+from whale_ray.loop import Roles, RunDirectory, WhaleLoop
+from whale_ray.records import EpisodeResult, ModelCall
+from whale_ray.rsft import accepted_calls, conversations
+from whale_ray.run_state import RunState
+from whale_ray.schedules import plan
+
+
+def _unit(*parts) -> float:
+    return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=4).digest(), "little") / 2**32
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class Pool:
+    """Episodes succeed with probability 0.2 + 0.2 per "# better" line of the harness, by the seed; the
+    answer is boxed gold on success. Crashes after `crash_after` episodes when asked to."""
+
+    def __init__(self, crash_after: int | None = None):
+        self.crash_after, self.episodes = crash_after, 0
+
+    def run(self, work, on_done):
+        out = []
+        for item in work:
+            level = 0.2 + 0.2 * item.harness_source.count("# better")
+            results = []
+            for job in item.jobs:
+                if self.crash_after is not None and self.episodes >= self.crash_after:
+                    raise Crash(f"killed after {self.episodes} episodes")
+                self.episodes += 1
+                ok = _unit(job.seed) < level
+                text = f"\\boxed{{{job.task.answer if ok else 'wrong'}}}"
+                call = ModelCall(messages=[{"role": "user", "content": job.task.question}], text=text,
+                                 prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.1, -0.2], weight_version=0,
+                                 finish_reason="stop")
+                results.append(EpisodeResult(status="ok", reason="", answer=text, calls=[call], events=[], wall_s=0.0))
+            on_done(len(results))
+            out.append(results)
+        return out
+
+
+class Policy:
+    def __init__(self):
+        self.loaded: list[tuple[dict, int]] = []
+
+    def load_weights(self, weights, version):
+        self.loaded.append((weights, version))
+        return version
+
+    def release_shared_weights(self):
+        pass
+
+
+class Trainer:
+    def __init__(self):
+        self.version, self.saved, self.examples = 0, [], []
+
+    def train_step(self, examples, version):
+        assert version == self.version, f"the loop expects version {version}, the trainer holds {self.version}"
+        self.examples.append(list(examples))
+        if not examples:
+            return {"trained": False, "version": self.version, "loss": float("nan")}
+        self.version += 1
+        return {"trained": True, "version": self.version, "loss": 1.0 / self.version}
+
+    def latest_weights(self, version):
+        assert version == self.version
+        return {"version": self.version}
+
+    def save_checkpoint(self, path, version):
+        assert version == self.version
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "version").write_text(str(self.version))
+        self.saved.append(self.version)
+        return path
+
+    def load_checkpoint(self, path):
+        self.version = int((Path(path) / "version").read_text())
+
+    def release_workers(self):
+        self.released = getattr(self, "released", 0) + 1
+
+
+class Proposer:
+    """Each session: M children of the accepted harness, each with one more "# better" line."""
+
+    def session(self, archive_root, n, iteration, limits, log_path):
+        state = RunState.load(Path(archive_root).parent)
+        parent = state.accepted_harness
+        code = (Path(archive_root) / parent / "harness.py").read_text()
+        proposals = [{"code": code + f"\n# better {iteration}.{k}\n", "parent": parent, "hypothesis": f"better {k}"}
+                     for k in range(n)]
+        usage = {"sessions": 1, "calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0,
+                 "cost_usd": 0.0, "wall_s": 0.0, "retries": 0}
+        return {"proposals": proposals, "session": {"kind": "test", "iteration": iteration, "usage": usage}}
+
+
+def make_loop(cfg, pool=None, trainer=None, policy=None):
+    domain = get_domain(cfg.domain)
+    splits = domain.load_splits(cfg.data, cfg.seed)
+    roles = Roles(policy=policy or Policy(), pool=pool or Pool(), proposer=Proposer(), trainer=trainer or Trainer())
+    return WhaleLoop(cfg, roles, RunDirectory(cfg.run_dir), domain, splits), roles
+
+
+def planned_rollouts(cfg) -> tuple[int, int]:
+    """Training rollouts by the config's budgets alone (fixed-budget conditions, every weight step trains):
+    weight = the prompts of E epochs x k samples per cycle; harness = M candidates per iteration after the
+    first, each a one-example smoke test plus |D_harness| episodes, and iteration 1's incoming harness the
+    same whenever it has no scores under the current weights (the first harness phase, and after weights moved)."""
+    weight = harness = 0
+    scored_under_current_weights = False
+    per_candidate = 1 + cfg.data.n_harness
+    for phases in plan(cfg):
+        for phase in phases:
+            if phase.kind == "weight":
+                weight += max(1, round(phase.budget * cfg.data.n_weight)) * cfg.weight.samples_per_prompt
+                scored_under_current_weights = False
+            else:
+                harness += 0 if scored_under_current_weights else per_candidate
+                harness += (phase.budget - 1) * cfg.harness_phase.candidates_per_iteration * per_candidate
+                scored_under_current_weights = True
+    return weight, harness
+
+
+def mean_reward(path: Path) -> float:
+    rewards = pq.read_table(path, columns=["reward"]).column("reward").to_pylist()
+    return sum(rewards) / len(rewards)
+
+
+def comparable(state: RunState) -> dict:
+    d = state.model_dump()
+    for row in d["history"]:
+        row.pop("wall_s")
+    d.pop("phase_wall_s"), d.pop("cycle_wall_s")
+    d["rollout_files"] = sorted((f["name"], f["rows"]) for f in d["rollout_files"])
+    d["proposer_sessions"] = sorted(d["proposer_sessions"])
+    return d
+
+
+@pytest.mark.parametrize("condition", ["rsft_only", "mh_only", "whale", "stagewise"])
+def test_ledger_equals_the_budgets(condition, tmp_path):
+    cfg = small_config(tmp_path / "run", condition=condition)
+    loop, roles = make_loop(cfg)
+    loop.run()
+    state = RunState.load(cfg.run_dir)
+    weight, harness = planned_rollouts(cfg)
+    assert (state.ledger.weight_rollouts, state.ledger.harness_rollouts) == (weight, harness)
+    assert state.weight_version == state.ledger.weight_steps == roles.trainer.version
+    assert [v for _, v in roles.policy.loaded] == list(range(1, state.weight_version + 1))
+    assert state.finished
+
+
+def test_best_pair_is_the_highest_val_and_its_test_file_is_reported(tmp_path):
+    cfg = small_config(tmp_path / "run", condition="whale", cycles=3)
+    loop, _ = make_loop(cfg)
+    history = loop.run()
+    rollouts = cfg.run_dir / "rollouts"
+    best_val, best = None, None
+    for row in history:  # the pair of each row, in order; the earlier pair wins a tie
+        val = mean_reward(rollouts / f"val-v{row.weight_version:05d}-{row.accepted_harness}.parquet")
+        assert val == row.val
+        if best_val is None or val > best_val:
+            best_val, best = val, (row.weight_version, row.accepted_harness)
+        assert row.best == f"v{best[0]}+{best[1]}"
+        assert row.test_mean8 == mean_reward(rollouts / f"test-v{best[0]:05d}-{best[1]}.parquet")
+
+
+@pytest.mark.parametrize("crash_at", [0.05, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("checkpoint_every", [1, 2])
+def test_relaunch_after_a_crash_ends_where_an_uninterrupted_run_ends(crash_at, checkpoint_every, tmp_path):
+    over = {"condition": "whale", "weight__checkpoint_every": checkpoint_every, "weight__prompts_per_step": 1}
+    clean_cfg = small_config(tmp_path / "clean", **over)
+    clean_loop, clean_roles = make_loop(clean_cfg)
+    clean_loop.run()
+    cfg = small_config(tmp_path / "run", **over)
+    loop, _ = make_loop(cfg, pool=Pool(crash_after=int(crash_at * clean_roles.pool.episodes)))
+    with pytest.raises(Crash):
+        loop.run()
+    before = RunState.load(cfg.run_dir)
+    trainer = Trainer()
+    if before.checkpoint:
+        trainer.load_checkpoint(cfg.run_dir / before.checkpoint)
+    loop, _ = make_loop(cfg, trainer=trainer)
+    loop.run()
+    after, clean = RunState.load(cfg.run_dir), RunState.load(clean_cfg.run_dir)
+    assert comparable(after) == comparable(clean)
+    on_record = {f.name for f in after.rollout_files}
+    assert {p.stem for p in (cfg.run_dir / "rollouts").glob("*")} == on_record
+    assert {p.stem for p in (cfg.run_dir / "train").glob("*")} == set(after.train_steps)
+
+
+def test_train_step_records_name_the_accepted_calls(tmp_path):
+    cfg = small_config(tmp_path / "run", condition="rsft_only")
+    loop, roles = make_loop(cfg)
+    loop.run()
+    state = RunState.load(cfg.run_dir)
+    assert len(state.train_steps) == len(roles.trainer.examples)
+    for name, examples in zip(sorted(state.train_steps), roles.trainer.examples):
+        record = json.loads((cfg.run_dir / "train" / f"{name}.json").read_text())
+        rows = pq.read_table(cfg.run_dir / "rollouts" / f"{record['rollout_file']}.parquet").to_pylist()
+        accepted = [{"task_id": r["task_id"], "sample": r["sample"], "call": 0} for r in rows if r["reward"] == 1]
+        assert record["examples"] == accepted
+        assert len(examples) == len(accepted)
+
+
+def _call(messages, completion):
+    return ModelCall(messages=messages, text=completion, prompt_ids=[1], completion_ids=[2], logprobs=[0.0],
+                     weight_version=0, finish_reason="stop")
+
+
+def test_conversations_split_votes_and_follow_turns():
+    q = [{"role": "user", "content": "q"}]
+    calls = [
+        _call(q, "code a"),  # vote 1, turn 1
+        _call(q + [{"role": "assistant", "content": "code a"}, {"role": "user", "content": "out a"}], "\\boxed{7}"),
+        _call(q, "code b"),  # vote 2, turn 1
+        _call(q + [{"role": "assistant", "content": "code b"}, {"role": "user", "content": "out b"}], "\\boxed{5}"),
+    ]
+    boxed = lambda text: "\\boxed{" in text  # noqa: E731
+    assert conversations(calls) == [[0, 1], [2, 3]]
+    assert accepted_calls(calls, lambda text: "7" in text, boxed) == [0, 1]
+    assert accepted_calls(calls, lambda text: False, boxed) == []
+    # One conversation: the episode's reward decides, whatever its last completion says.
+    assert accepted_calls(calls[:2], lambda text: False, boxed) == [0, 1]
+    # Several chats but at most one states an answer (a chat per chess move, a harness that extracts the answer
+    # itself): one attempt, every call trains.
+    assert accepted_calls(calls, lambda text: False, lambda text: False) == [0, 1, 2, 3]
+    assert accepted_calls(calls[:3], lambda text: False, boxed) == [0, 1, 2]
+
+
+def test_cycle_wall_time_spans_launches(tmp_path):
+    """Killed late in a cycle, relaunched and killed again soon after: the cycle's wall time on record keeps
+    the first launch's share (a reset at relaunch would leave only the short second share)."""
+    cfg = small_config(tmp_path / "run", condition="whale")
+
+    def crash(pool):
+        loop, _ = make_loop(cfg, pool=pool, trainer=resumed_trainer(cfg))
+        with pytest.raises(Crash):
+            loop.run()
+        return RunState.load(cfg.run_dir)
+
+    first = crash(Pool(crash_after=44))  # past row 0 and cycle 1: in cycle 2 (asserted below)
+    second = crash(Pool(crash_after=9))
+    assert (first.cycle, second.cycle) == (1, 1)
+    assert second.cycle_wall_s > first.cycle_wall_s > 0
+    history = make_loop(cfg, trainer=resumed_trainer(cfg))[0].run()
+    assert history[2].wall_s >= round(second.cycle_wall_s, 1)
+
+
+def resumed_trainer(cfg) -> Trainer:
+    trainer, state = Trainer(), RunState.load(cfg.run_dir)
+    if state is not None and state.checkpoint:
+        trainer.load_checkpoint(cfg.run_dir / state.checkpoint)
+    return trainer
+
+
+@pytest.mark.parametrize("release, expected", [(None, 0), (True, 2), (False, 0)])
+def test_trainer_workers_are_released_after_each_weight_phase_when_asked(release, expected, tmp_path):
+    cfg = small_config(tmp_path / "run", condition="whale", weight__release_workers=release)  # CPU: None is off
+    loop, roles = make_loop(cfg)
+    order = []  # the server lets go of the workers' GPU memory before they end (weight_sync's docstring)
+    roles.policy.release_shared_weights = lambda: order.append("policy lets go")
+    release = roles.trainer.release_workers
+    roles.trainer.release_workers = lambda: (order.append("workers end"), release())
+    loop.run()
+    assert getattr(roles.trainer, "released", 0) == expected
+    assert order == ["policy lets go", "workers end"] * expected
+
+
+def test_the_report_names_the_runs_k(tmp_path):
+    from whale_ray.report import markdown_table, write_report
+
+    cfg = small_config(tmp_path / "run", condition="mh_only", eval__test_samples=3)
+    history = make_loop(cfg)[0].run()
+    assert "test mean@3" in markdown_table(history) and "mean@8" not in markdown_table(history)
+    summary = (write_report(cfg.run_dir, RunState.load(cfg.run_dir)) / "summary.md").read_text()
+    assert "mean@3" in summary and "mean@8" not in summary
+
+
+class SleepyPolicy(Policy):
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def load_weights(self, weights, version):
+        self.calls.append("load")
+        return super().load_weights(weights, version)
+
+    def sleep(self):
+        self.calls.append("sleep")
+
+    def wake_up(self):
+        self.calls.append("wake")
+        return 0
+
+
+class EveryOtherStepTrains(Trainer):
+    def train_step(self, examples, version):
+        self.steps = getattr(self, "steps", 0) + 1
+        return super().train_step(examples if self.steps % 2 else [], version)
+
+
+@pytest.mark.parametrize("level", [0, 2])
+def test_vllm_sleeps_through_each_trainer_step_when_asked(level, tmp_path):
+    """policy.sleep_level > 0: the server sleeps for every train_step and is woken by the new weights, or by
+    wake_up after a step that trained nothing; at 0 the loop never calls either."""
+    cfg = small_config(tmp_path / "run", condition="rsft_only", policy__engine="vllm", policy__sleep_level=level)
+    policy, trainer = SleepyPolicy(), EveryOtherStepTrains()
+    loop, _ = make_loop(cfg, trainer=trainer, policy=policy)
+    loop.run()
+    if level == 0:
+        assert "sleep" not in policy.calls and "wake" not in policy.calls
+        return
+    assert policy.calls.count("sleep") == trainer.steps >= 2
+    pairs = ["".join(policy.calls[i:i + 2]) for i in range(0, len(policy.calls), 2)]
+    assert set(pairs) == {"sleepload", "sleepwake"}  # each sleep ends at once, one way or the other

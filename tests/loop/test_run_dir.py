@@ -1,0 +1,69 @@
+"""Run directories made by an older whale-ray: their config.yaml and state.json are read into today's shape.
+
+tests/data/config_v1_math.yaml is what whale-ray wrote before the domain plug-ins and the loop reshape
+(`dump_config(WhaleConfig(run_dir="runs/old"))` at commit dac5090): search_qa's sections in a math run,
+no config_version, and none of the keys added since.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from whale_ray.config import load_config
+from whale_ray.loop import RunDirectory
+from whale_ray.run_state import RunState
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def old_run(tmp_path: Path) -> Path:
+    run = tmp_path / "runs" / "old"
+    run.mkdir(parents=True)
+    shutil.copy(DATA / "config_v1_math.yaml", run / "config.yaml")
+    return run
+
+
+def test_an_old_config_resumes_when_nothing_was_changed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = old_run(tmp_path)
+    assert RunDirectory(run).config_conflicts(load_config(None, {"run_dir": "runs/old"})) == []
+
+
+def test_a_real_conflict_is_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = old_run(tmp_path)
+    conflicts = RunDirectory(run).config_conflicts(load_config(None, {"run_dir": "runs/old", "E": 0.2,
+                                                                      "weight.checkpoint_every": 3}))
+    assert conflicts == ["E: 0.6 -> 0.2", "weight.checkpoint_every: 1 -> 3"]
+
+
+def test_an_unreadable_config_is_a_conflict_that_says_why(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("E: [unclosed\n")
+    (conflict,) = RunDirectory(run).config_conflicts(load_config(None, {"run_dir": str(run)}))
+    assert "config.yaml" in conflict and "not valid YAML" in conflict and "\n" not in conflict
+
+
+def test_a_version_1_state_is_read_into_typed_records(tmp_path):
+    v1 = {
+        "finished": False, "cycle": 1, "weight_version": 3, "accepted_harness": "c004",
+        "rollout_files": {"weight-c00-s0000": 16, "validate-c00-i002-c001": 1, "harness-c00-i002-c001": 48,
+                          "val-v00003-c004": 128, "test-v00000-h0": 256},
+        "eval_cache": {"val|v3|c004|4": 0.25, "test|v0|h0|8": 0.125},
+        "eval_metrics": {"test|v0|h0|8": {"truncation_rate": 0.5}},
+    }
+    (tmp_path / "state.json").write_text(json.dumps(v1))
+    state = RunState.load(tmp_path)
+    assert state.version == 2
+    assert [(f.name, f.phase, f.cycle, f.rows) for f in state.rollout_files] == [
+        ("weight-c00-s0000", "weight", 0, 16), ("validate-c00-i002-c001", "validate", 0, 1),
+        ("harness-c00-i002-c001", "harness", 0, 48), ("val-v00003-c004", "val", -1, 128),
+        ("test-v00000-h0", "test", -1, 256)]
+    run = RunDirectory(tmp_path)
+    assert run.evaluation("val", 3, "c004", 4).mean == 0.25
+    test = run.evaluation("test", 0, "h0", 8)
+    assert (test.mean, test.metrics) == (0.125, {"truncation_rate": 0.5})
+    assert run.evaluation("test", 0, "h0", 4) is None  # another sample count is another evaluation

@@ -1,0 +1,1 @@
+"""The harness proposers: offline, llm and agent-cli."""
