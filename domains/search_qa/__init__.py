@@ -24,7 +24,7 @@ CORPUS_CHECK_LINES = 1000
 class SearchQADomain(Domain):
     name = "search_qa"
     folder = Path(__file__).resolve().parent
-    warmstart_version = "1"
+    warmstart_version = "2"
     answer_format = AnswerFormat("<answer>", "</answer>")
     difficulty_field = "group"  # generated-1hop / generated-2hop, or the benchmark of a file
     config_model = SearchQAConfig

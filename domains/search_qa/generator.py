@@ -17,7 +17,8 @@ part in the exact chat layout h0 produces:
     assistant:  <search>Oren Taltavi</search>
     user:       <information>Doc 1(Title: Oren Taltavi) Oren Taltavi was a painter born in ...</information>
     assistant:  <answer>Velmora</answer>
-The teacher mostly searches well and answers from what it read, but not always (GUESS_RATE,
+h0's system prompt states the search protocol and the answer format in words (as any instruct model needs
+them). The teacher mostly searches well and answers from what it read, but not always (GUESS_RATE,
 ENTITY_QUERY_RATE, CONTINUE_RATE, ...), and the wording of the system prompt shifts those rates (the
 *_MENTION strings), so that a harness's prompt, turn budget and passage count all matter. Every
 conversation stays under MAX_CONVERSATION_CHARS: the tiny policy sees at most 512 tokens.
@@ -46,7 +47,9 @@ INFORMATION_FORMAT = "<information>{passages}</information>"
 ANSWER_FORMAT = "<answer>{answer}</answer>"
 PLAIN_ANSWER_FORMAT = "The answer is {answer}."
 
-BASE_PROMPT = "Answer the question. Use <search>query</search> to search."
+# h0's statement of the search tool's protocol; the shorter form is one a harness may write instead.
+SEARCH_PROTOCOL = "To search, write <search>query</search>; the results come back inside <information></information>."
+BASE_PROMPTS = (f"Answer the question. {SEARCH_PROTOCOL}", "Answer the question. Use <search>query</search> to search.")
 ANSWER_PHRASE = "Put the answer in <answer></answer>."
 ALWAYS_SEARCH_PHRASE = "Always search before answering."
 SEARCH_AGAIN_PHRASE = "Search again if one search is not enough."
@@ -60,18 +63,18 @@ SEARCH_AGAIN_MENTION = "search again"
 SEARCH_NAME_MENTION = "name in the question"
 
 
-H0_SYSTEM_PROMPT = f"{BASE_PROMPT} {ANSWER_PHRASE}"
-H0_PROMPT_SHARE = 0.3  # of warm-start conversations; the others get BASE_PROMPT and a random set of phrases
+H0_SYSTEM_PROMPT = f"{BASE_PROMPTS[0]} {ANSWER_PHRASE}"
+H0_PROMPT_SHARE = 0.3  # of warm-start conversations; the others get a base prompt and a random set of phrases
 
 
 def draw_system_prompt(rng: random.Random) -> str:
-    """A warm-start system prompt: h0's, or the base prompt followed by any of the other phrases in any
+    """A warm-start system prompt: h0's, or a base prompt followed by any of the other phrases in any
     order (a proposer may append a phrase after the answer instruction, say)."""
     if rng.random() < H0_PROMPT_SHARE:
         return H0_SYSTEM_PROMPT
     phrases = [p for p in OPTIONAL_PHRASES + (ANSWER_PHRASE,) if rng.random() < 0.5]
     rng.shuffle(phrases)
-    return " ".join([BASE_PROMPT] + phrases)
+    return " ".join([rng.choice(BASE_PROMPTS)] + phrases)
 
 
 # --- the teacher's habits (without / with the prompt mention that changes them) -------------------

@@ -8,16 +8,18 @@ answers with the passages found, and the model ends with <answer>...</answer>.
     assistant:  <answer>Velmora</answer>
 
 The verifier reads only the LAST <answer>...</answer> of the returned text. h0 is weak on purpose, as
-in WHALE: the model gets MAX_TURNS = 2 turns (a two-hop question needs two searches and an answer),
-each search shows only the top N_PASSAGES = 1 passage cut to PASSAGE_TOKENS = 200 words, the
-prompt is minimal, and extract_answer passes the model's text through unchanged.
+in WHALE: the system prompt states the search protocol and the answer format and nothing more, the
+model gets MAX_TURNS = 2 turns (a two-hop question needs two searches and an answer), each search
+shows only the top N_PASSAGES = 1 passage cut to PASSAGE_TOKENS = 200 words, and extract_answer
+passes the model's text through unchanged.
 
 Standard library only: this file runs inside the sandbox.
 """
 
 import re
 
-SYSTEM_PROMPT = "Answer the question. Use <search>query</search> to search. Put the answer in <answer></answer>."
+SYSTEM_PROMPT = ("Answer the question. To search, write <search>query</search>; the results come back inside "
+                 "<information></information>. Put the answer in <answer></answer>.")
 MAX_TURNS = 2  # model calls per episode
 N_PASSAGES = 1  # passages per search
 PASSAGE_TOKENS = 200  # words kept of each passage

@@ -32,7 +32,8 @@ from whale_ray.records import EpisodeResult, ModelCall, Task
 
 FOLDER = Path(__file__).resolve().parents[2] / "domains" / "search_qa"
 H0_KNOBS = {
-    "SYSTEM_PROMPT": "Answer the question. Use <search>query</search> to search. Put the answer in <answer></answer>.",
+    "SYSTEM_PROMPT": ("Answer the question. To search, write <search>query</search>; the results come back inside "
+                      "<information></information>. Put the answer in <answer></answer>."),
     "MAX_TURNS": 2,
     "N_PASSAGES": 1,
     "PASSAGE_TOKENS": 200,
@@ -184,7 +185,7 @@ def server():
 def test_domain_object():
     assert isinstance(DOMAIN, SearchQADomain) and isinstance(DOMAIN, Domain)
     assert get_domain("search_qa") is DOMAIN
-    assert DOMAIN.name == "search_qa" and DOMAIN.warmstart_version == "1"
+    assert DOMAIN.name == "search_qa" and DOMAIN.warmstart_version == "2"
     assert DOMAIN.folder == FOLDER
     assert DOMAIN.h0_path.is_file() and DOMAIN.sandbox_tools_path.is_file()
     assert tools.TOOL_SPECS == {}  # search is a host tool
