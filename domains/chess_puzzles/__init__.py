@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class ChessDomain(Domain):
     name = "chess_puzzles"
     folder = Path(__file__).resolve().parent
-    warmstart_version = "2"
+    warmstart_version = "3"
     difficulty_field = "moves"  # the solver's moves in the line
 
     def load_splits(self, data_config: DataSpec, seed: int) -> Splits:

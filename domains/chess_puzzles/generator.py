@@ -56,8 +56,13 @@ BARE_MOVE_FORMAT = "{move}"
 WORDY_MOVE_FORMAT = "After {last}, I play {move}."
 UCI_MENTION = "UCI"  # a system prompt containing this word asks for a bare move
 
-# The system prompts of the warm-start data. The first is h0's.
+# h0's statement of the answer format.
+MOVE_FORMAT_REQUEST = "Answer with one move in UCI notation, the from square then the to square, as d1d8 (e7e8q for a promotion)."
+
+# The system prompts of the warm-start data. The first is h0's, which states the answer format in words (as
+# any instruct model needs it); the others are shorter prompts and phrase combinations a harness may write.
 SYSTEM_PROMPTS = (
+    f"Solve the chess puzzle. {MOVE_FORMAT_REQUEST}",
     "Solve the chess puzzle.",
     "Solve the chess puzzle. Answer with one move in UCI notation.",
     "You are a chess engine. Play the best move.",

@@ -11,14 +11,14 @@ One episode plays the puzzle one move at a time. Each move is a fresh chat about
     move tool:  Solved.                  (or "Correct. Opponent played h7h6. FEN: ...", and the next move)
 
 With OFFER_LEGAL_MOVES = True the position is followed by the legal_moves tool's list, each move's SAN
-(which marks checks +, mates #, captures x) then its UCI: "Legal moves: Qh5# d1h5, Ke2 e1e2, ...". The
-model was taught to answer by copying a listed move's UCI, a marked one (a mate above all) more often.
+(which marks checks +, mates #, captures x) then its UCI: "Legal moves: Qh5# d1h5, Ke2 e1e2, ...".
 
 A wrong, illegal or unparsable move ends the puzzle, and the response is the moves played. h0 is weak
-on purpose: it never shows the model the legal moves (OFFER_LEGAL_MOVES = False), its prompt never asks
-for UCI, so the model often answers "After a7a6, I play d1d8." and parse_move passes that text on
-unchanged (the environment reads its first move, the opponent's: illegal), and it plays at most
-MAX_TURNS = 2 moves whatever the puzzle needs.
+on purpose: its system prompt states the answer format and nothing more, it never shows the model the
+legal moves (OFFER_LEGAL_MOVES = False), parse_move passes the model's text on unchanged (the
+environment reads its first UCI move: an answer in SAN, or one that quotes the opponent's move first,
+"After a7a6, I play d1d8.", is an illegal move), and it plays at most MAX_TURNS = 2 moves whatever the
+puzzle needs.
 
 Standard library only: this file runs inside the sandbox.
 """
@@ -26,7 +26,8 @@ Standard library only: this file runs inside the sandbox.
 import collections
 import re
 
-SYSTEM_PROMPT = "Solve the chess puzzle."
+SYSTEM_PROMPT = ("Solve the chess puzzle. Answer with one move in UCI notation, the from square then the to square, "
+                 "as d1d8 (e7e8q for a promotion).")
 MAX_TURNS = 2  # model calls (one per move) per episode
 MAX_TOKENS = 16  # per model call
 TEMPERATURE = 1.0
@@ -57,7 +58,7 @@ def piece_lines(fen):
 
 
 def position_text(fen, last):
-    """Whose move, the opponent's last move, the FEN and the pieces: the format the model was warm-started on."""
+    """Whose move, the opponent's last move, the FEN and the pieces."""
     side = "White" if fen.split()[1] == "w" else "Black"
     return POSITION_FORMAT.format(side=side, last=last, fen=fen, pieces=piece_lines(fen))
 
@@ -73,7 +74,7 @@ def legal_pairs(legal_moves):
 
 
 def format_legal(legal_moves):
-    """The legal moves as the model was taught to read them: "\nLegal moves: Rd8# d1d8, Kf1 g1f1"."""
+    """The legal moves, each one's SAN then its UCI: "\nLegal moves: Rd8# d1d8, Kf1 g1f1"."""
     return LEGAL_MOVES_FORMAT.format(moves=", ".join(san + " " + uci for uci, san in legal_pairs(legal_moves)))
 
 

@@ -27,7 +27,8 @@ from whale_ray.records import ModelCall, Task
 FOLDER = Path(__file__).resolve().parents[2] / "domains" / "chess_puzzles"
 HEADER = ",".join(data.COLUMNS)
 H0_KNOBS = {
-    "SYSTEM_PROMPT": "Solve the chess puzzle.",
+    "SYSTEM_PROMPT": ("Solve the chess puzzle. Answer with one move in UCI notation, the from square then the to "
+                      "square, as d1d8 (e7e8q for a promotion)."),
     "MAX_TURNS": 2,
     "MAX_TOKENS": 16,
     "TEMPERATURE": 1.0,
@@ -83,7 +84,7 @@ def episode(t: Task, completions) -> InProcessEpisode:
 def test_domain_object():
     assert isinstance(DOMAIN, ChessDomain) and isinstance(DOMAIN, Domain)
     assert get_domain("chess_puzzles") is DOMAIN
-    assert DOMAIN.name == "chess_puzzles" and DOMAIN.folder == FOLDER and DOMAIN.warmstart_version == "2"
+    assert DOMAIN.name == "chess_puzzles" and DOMAIN.folder == FOLDER and DOMAIN.warmstart_version == "3"
     assert DOMAIN.h0_path.is_file() and DOMAIN.sandbox_tools_path.is_file()
     t = task(BACK_RANK)
     assert DOMAIN.verify(t, "d1d8") == 1.0 and DOMAIN.verify(t, "d1d7") == 0.0 and DOMAIN.verify(t, None) == 0.0
@@ -523,7 +524,7 @@ def test_h0_shares_the_warmstart_formats():
     assert h0["SYSTEM_PROMPT"] == generator.SYSTEM_PROMPTS[0]
     assert h0["POSITION_FORMAT"] == generator.POSITION_FORMAT
     assert h0["build_messages"](t["fen"], t["opponent_move"]) == [
-        {"role": "system", "content": "Solve the chess puzzle."}, {"role": "user", "content": t["question"]}]
+        {"role": "system", "content": H0_KNOBS["SYSTEM_PROMPT"]}, {"role": "user", "content": t["question"]}]
     legal = env.legal_moves(t["fen"])
     pairs = h0["legal_pairs"](legal)
     assert pairs == generator.legal_pairs(chess.Board(t["fen"]))
@@ -692,8 +693,10 @@ def test_skill_variants_work_in_h0():
 
     (build,) = variants["build_messages"]
     h = load_h0(base + "\n" + build)
-    assert h["build_messages"]("8/8/8/8/8/8/8/k6K w - - 0 1", "a2a1")[0]["content"] == (
-        "Solve the chess puzzle. Answer with one move in UCI notation.")
+    example, answer, puzzle = h["build_messages"]("8/8/8/8/8/8/8/k6K w - - 0 1", "a2a1")[1:]
+    board = chess.Board(example["content"].split("FEN: ")[1].split("\n")[0])
+    board.push_uci(answer["content"])
+    assert board.is_checkmate() and puzzle["content"].startswith("White to move. The opponent played a2a1.")
 
     always_list, mate_first, retry = variants["ask_move"]
     h = load_h0(base + "\n" + always_list)
