@@ -18,8 +18,8 @@ import ray
 from whale_ray.config import SandboxConfig
 from whale_ray.domain import get_domain
 from whale_ray.records import EpisodeJob, EpisodeResult, ModelCall, SamplingParams
-from whale_ray.sandbox import GenerateFn, SandboxLimits, run_episode
-from whale_ray.sandbox.episode import MAX_ERROR_REASON
+from whale_ray.sandbox import GenerateFn, SandboxLimits, isolation, run_episode
+from whale_ray.sandbox.episode import MAX_ERROR_REASON, become_subreaper
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,12 @@ class SandboxEvaluator:
                 with lock:
                     waiting[i] -= 1
 
+        if cfg.isolation != "unsafe_none":
+            try:
+                isolation.bwrap_launcher()  # its one-time probe first: it would leave its init as our zombie
+            except isolation.SetupError:
+                pass  # every episode reports it as its sandbox_setup_error
+        become_subreaper()  # this process runs episodes only: it reaps their sandboxes' orphaned inits
         self._runner = EpisodeRunner(domain, generate, SandboxLimits.from_config(cfg), cfg.slots, services)
         self._node = ray.get_runtime_context().get_node_id()
 

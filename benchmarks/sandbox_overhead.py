@@ -1,13 +1,17 @@
 """Per-episode overhead of the sandbox (whale_ray/sandbox), and episode throughput with concurrent slots.
 
-    python benchmarks/sandbox_overhead.py [--episodes 40] [--throughput-episodes 48]
+    python benchmarks/sandbox_overhead.py [--episodes 40] [--throughput-episodes 48] [--processes 1,2,4,8]
 
 Prints, side by side, the latency of a trivial harness episode under bubblewrap, under
 isolation="unsafe_none" (same runtime, no namespaces) and of a bare `python -I -S -c pass`
 subprocess: start -> first RPC (the harness's first agent.generate reaching the host) and the full
 episode including teardown. Then episodes/second with 1, 4 and 16 concurrent slots (threads of one
-process, as the SandboxEvaluator runs them). Takes well under a minute on 2 cores.
-"""
+process, as the SandboxEvaluator runs them), each twice: in a process that is a child subreaper, as the
+SandboxEvaluator is (the teardown reaps the sandbox's pid-namespace init itself and gives the slot's uid
+back at once), and in one that is not (the init goes to the host's pid 1 and the uid pool scans /proc
+before giving the uid back). --processes adds the pool across processes: P processes x S slots each,
+the same episodes in flight in every row (--in-flight), as several SandboxEvaluators on one node run them.
+Takes well under a minute on 2 cores without --processes."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from whale_ray.sandbox import (  # noqa: E402
     isolation,  # noqa: E402
     run_episode,
 )
+from whale_ray.sandbox.episode import become_subreaper  # noqa: E402
 
 HARNESS = '''
 def run(task, agent):
@@ -94,10 +99,47 @@ def throughput(slots: int, n: int) -> float:
     return done[0] / (time.perf_counter() - t0)
 
 
+def not_subreaper() -> None:
+    import ctypes
+
+    ctypes.CDLL(None).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
+
+
+def one_process(slots: int, n: int, start, out) -> None:
+    """A pool member: `n` episodes at `slots` in flight, timed from `start` (all members at once)."""
+    become_subreaper()
+    isolation.bwrap_launcher()
+    episode("bwrap", 0)
+    start.wait()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(slots) as pool:
+        list(pool.map(lambda i: episode("bwrap", i), range(n)))
+    out.put((t0, time.perf_counter()))
+
+
+def across_processes(processes: int, slots: int, n: int) -> float:
+    """Episodes/s of `processes` processes with `slots` threads each, `n` episodes each."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=one_process, args=(slots, n, start, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0 + 0.3 * processes)  # every member warmed up (interpreter mirror, first episode)
+    start.set()
+    spans = [out.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    return processes * n / (max(e for _, e in spans) - min(t for t, _ in spans))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=40, help="sequential episodes per variant")
     ap.add_argument("--throughput-episodes", type=int, default=48, help="episodes per concurrency level")
+    ap.add_argument("--processes", default="", help="comma-separated process counts for the pool across processes")
+    ap.add_argument("--in-flight", type=int, default=16, help="episodes in flight in every --processes row")
     args = ap.parse_args()
     n = args.episodes
 
@@ -127,9 +169,24 @@ def main() -> None:
     extra = statistics.mean(rows["bwrap full"]) - statistics.mean(rows["unsafe_none full"])
     print(f"  bubblewrap's own cost per episode: {extra:+.1f} ms")
     print()
-    print(f"throughput under bwrap, {args.throughput_episodes} episodes per row (threads of one process)")
+    print(f"throughput under bwrap, {args.throughput_episodes} episodes per row (threads of one process), episodes/s")
+    print("  slots   subreaper   /proc scan   ratio")
     for slots in (1, 4, 16):
-        print(f"  {slots:2d} slots: {throughput(slots, args.throughput_episodes):6.1f} episodes/s")
+        not_subreaper()
+        scan = throughput(slots, args.throughput_episodes)
+        become_subreaper()
+        reaped = throughput(slots, args.throughput_episodes)
+        print(f"  {slots:5d}   {reaped:9.1f}   {scan:10.1f}   {reaped / scan:5.2f}x")
+    if args.processes:
+        print()
+        print(f"the pool across processes, {args.in_flight} episodes in flight, "
+              f"{args.throughput_episodes} episodes per process")
+        base = None
+        for p in (int(x) for x in args.processes.split(",")):
+            slots = max(1, args.in_flight // p)
+            rate = across_processes(p, slots, args.throughput_episodes)
+            base = base or rate
+            print(f"  {p:3d} processes x {slots:3d} slots: {rate:7.1f} episodes/s   {rate / base:5.2f}x the first row")
 
 
 if __name__ == "__main__":

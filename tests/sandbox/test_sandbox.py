@@ -634,6 +634,67 @@ def test_concurrent_episodes_get_their_own_uids_and_a_fork_bomb_stays_in_its_slo
     assert not [p for p in procs_with("child.py") if _uid_of(p) in (int(uid_a), int(uid_b))]
 
 
+
+# Run in a process of its own: a subreaper is one for good, and pytest's process must not become one.
+_REAP_PROBE = r"""
+import json, os, sys
+from whale_ray.records import ModelCall
+from whale_ray.sandbox import SandboxLimits, isolation, run_episode
+from whale_ray.sandbox.episode import become_subreaper
+from whale_ray.sandbox.uid_pool import UID_POOL, UidPool
+
+isolation.bwrap_launcher()  # as the SandboxEvaluator does: the launcher's probe before becoming a subreaper
+subreaper = sys.argv[1] == "1" and become_subreaper()
+scans = []
+real_reap = UidPool._reap
+UidPool._reap = staticmethod(lambda uid: (scans.append(uid), real_reap(uid)))
+plain = "import os\ndef run(task, agent):\n    agent.generate([{'role': 'user', 'content': 'hi'}])\n    return str(os.getuid())\n"
+# leaves a process behind in the sandbox, which the teardown's kill of the namespace must take along
+daemon = plain.replace("    return", "    import subprocess, sys\n    subprocess.Popen([sys.executable, '-c', "
+                       "'import time; time.sleep(30) # whale-reap-probe'], start_new_session=True)\n    return")
+gen = lambda messages, sampling: ModelCall(messages=messages, text="x", prompt_ids=[1], completion_ids=[2],
+                                           logprobs=[-1.0], weight_version=0, finish_reason="stop")
+episodes = []
+for seed, harness in enumerate([plain, daemon, plain, daemon]):
+    before = len(scans)
+    r = run_episode(harness, {"id": "t", "question": "q"}, generate=gen, tools_path=None, host_tools={},
+                    limits=SandboxLimits(wall_s=10.0), seed=seed)
+    assert r.status == "ok", r.reason
+    episodes.append({"uid": int(r.answer), "scanned": len(scans) > before})
+left = []  # this process's zombies, and the daemons of the episodes above, alive
+for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        status = open(f"/proc/{entry}/status").read()
+        cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+    except OSError:
+        continue
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    zombie = fields["State"].strip().startswith("Z")
+    if int(entry) == os.getpid():
+        continue
+    if (zombie and int(fields["PPid"]) == os.getpid()) or (not zombie and b"whale-reap-probe" in cmdline):
+        left.append((int(entry), fields["State"].strip(), fields["Name"].strip()))
+print(json.dumps({"subreaper": subreaper, "episodes": episodes, "left": left, "in_use": UID_POOL.in_use()}))
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("subreaper", [True, False])
+def test_a_slot_uid_comes_back_with_nothing_left_running_as_it(subreaper):
+    """bwrap's outer process can exit before reaping the sandbox's pid-namespace init. A subreaper (what the
+    SandboxEvaluator is) reaps that init itself: the uid goes back without a /proc scan and not even a zombie
+    of the episode is left under it. Without one, the uid pool's scan runs (the orphaned init lingers as the
+    host pid 1's zombie, which runs nothing); either way nothing of the episode is left alive."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _REAP_PROBE, "1" if subreaper else "0"], capture_output=True,
+                         text=True, timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["subreaper"] is subreaper and got["in_use"] == [] and got["left"] == [], got
+    assert all(e["uid"] >= isolation.SLOT_UID_BASE for e in got["episodes"])
+    if subreaper:
+        assert not any(e["scanned"] for e in got["episodes"]), got
+
 def _uid_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/status") as f:

@@ -15,7 +15,11 @@ One episode, in order:
 3. the first final message (`result` or `error`) ends the episode; so do the wall-clock deadline, a
    broken limit or protocol rule, or the child's death;
 4. teardown kills whatever is left: in bwrap mode SIGKILL goes to the sandbox's pid-namespace init
-   through a pidfd, and waiting for bwrap to exit waits until every process in the namespace is gone.
+   through a pidfd; bwrap exits, and once the init is reaped every process of the namespace is gone (an
+   init reaps its whole namespace before it exits). bwrap's outer process may exit without reaping the
+   init (it returns as soon as the init reports the exit status through an eventfd), so a process that
+   runs episodes becomes a child subreaper (`become_subreaper`) and reaps the orphaned init itself: the
+   slot's uid is then known free without scanning /proc.
 
 The channel is docs/contracts.md's, with two additions: the host's first message is
 `{"type": "init", ...}`, and the child's first is `{"type": "hello"}`, sent by child.py after the
@@ -121,6 +125,23 @@ def _raised_by_call(e: BaseException) -> bool:
     return tb is not None and tb.tb_frame.f_code is _invoke.__code__
 
 
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Makes this process the reaper of its orphaned descendants, so that the teardown can reap each
+    sandbox's pid-namespace init (see the module docstring, step 4); without it the orphan goes to the
+    host's pid 1, a zombie under the slot's uid until pid 1 gets to it. Process-wide and for good: for
+    processes that run episodes (the SandboxEvaluator actor), not for one whose other children may leave
+    daemons behind. False where prctl refuses."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 _SETPRIV = shutil.which("setpriv")
 # Run as root: write our own pid to each cgroup.procs given before "--", then exec the rest (setpriv, bwrap).
 _ENTER = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
@@ -169,6 +190,7 @@ class Episode:
         self.deadline = 0.0
         self.partial_frame = False  # the channel ended with an incomplete frame in the buffer
         self.cgroup: EpisodeCgroup | None = None
+        self.emptied = False  # every process of the sandbox is known reaped (teardown)
 
     # -- lifecycle
     def run(self, harness_name: str, harness: bytes, tools: bytes | None, init: dict[str, Any]) -> EpisodeResult:
@@ -197,7 +219,7 @@ class Episode:
             if self.cgroup is not None:
                 self.cgroup.remove()  # kills anything still in it first
             if self.uid is not None:
-                UID_POOL.release(self.uid)
+                UID_POOL.release(self.uid, reap=not self.emptied)
 
     def _run_in(self, mounts: EpisodeMounts, harness_name: str, harness: bytes, tools: bytes | None,
                 init: dict[str, Any]) -> EpisodeResult:
@@ -588,12 +610,31 @@ class Episode:
             if not self._wait(proc, _REAP_TIMEOUT_S):
                 self._kill_pid(proc)
                 self._wait(proc, _REAP_TIMEOUT_S)
+            self.emptied = namespaced and proc.returncode is not None and self._init_gone()
             if self.outcome is None and proc.stderr is not None:
                 self._drain_stderr(proc.stderr.fileno())
         finally:
             for f in (proc.stdout, proc.stderr):
                 if f is not None:
                     f.close()
+
+    def _init_gone(self) -> bool:
+        """True once the sandbox's pid-namespace init is reaped: by bwrap, or here when it came to this
+        process as an orphan (become_subreaper). False when it is someone else's zombie, or still alive."""
+        fd = self.inner_pidfd
+        if fd is None or not select.select([fd], [], [], _REAP_TIMEOUT_S)[0]:  # a pidfd reads once it exited
+            return False
+        try:
+            os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+            return True
+        except ChildProcessError:  # not this process's child: reaped already, or an orphan of the host's pid 1
+            try:
+                signal.pidfd_send_signal(fd, 0)
+            except ProcessLookupError:
+                return True
+            return False
+        except OSError:
+            return False
 
     def _drain_stderr(self, fd: int) -> None:
         """The last words of a child that died without a result (for the crash reason)."""

@@ -13,7 +13,8 @@ from whale_ray.sandbox import isolation
 
 
 def _uids_of_processes(uid: int) -> list[int]:
-    """Pids of live processes whose real uid is `uid` (a /proc scan)."""
+    """Pids of processes whose real uid is `uid` (a /proc scan), zombies left out: a zombie runs nothing and
+    no signal reaches it; only its parent's wait removes it."""
     found = []
     try:
         entries = os.listdir("/proc")
@@ -28,6 +29,8 @@ def _uids_of_processes(uid: int) -> list[int]:
         except OSError:
             continue
         for line in status.splitlines():
+            if line.startswith(b"State:") and b"Z" in line:
+                break
             if line.startswith(b"Uid:"):
                 fields = line.split()
                 if len(fields) > 1 and fields[1] == str(uid).encode():
@@ -42,8 +45,8 @@ class UidPool:
     Slot N is uid = gid = SLOT_UID_BASE + N. A slot is held by this process (a lock) and, across
     processes on the same machine (several Ray workers), by an flock on a per-slot file in a root-only
     directory: the kernel drops the flock when a holder dies, so a crashed worker never leaks a slot.
-    Before a slot is given back, any process still running as its uid is killed (the pid-namespace
-    kill normally leaves none; this is the belt to its braces: a /proc scan, ~20 us per process).
+    Before a slot is given back, any process still running as its uid is killed (a /proc scan), unless the
+    caller knows that none is: an episode whose pid namespace was emptied and its init reaped.
     """
 
     def __init__(self, base: int = isolation.SLOT_UID_BASE, size: int = isolation.MAX_SLOTS):
@@ -102,8 +105,11 @@ class UidPool:
                 raise RuntimeError(f"all {self.size} sandbox uid slots are in use")
         return uid
 
-    def release(self, uid: int) -> None:
-        self._reap(uid)
+    def release(self, uid: int, reap: bool = True) -> None:
+        """`reap`: first kill whatever still runs as the uid (a /proc scan); False when the caller knows that
+        nothing does (a sandbox whose pid namespace was emptied and reaped)."""
+        if reap:
+            self._reap(uid)
         with self._lock:
             fd = self._held.pop(uid - self.base, None)
             if fd is not None:
