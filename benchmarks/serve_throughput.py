@@ -342,8 +342,8 @@ async def side_by_side(local, remote, levels: list[int], lengths: list[int], rou
     await remote(0)  # warm-up
     for key in [(c, n) for c in levels for n in lengths]:
         # a request per client first, uncounted, on both sides: each client's first request opens its connections
-        # (in each client process, through HAProxy too) and builds the openai client's reply models (the first
-        # endpoint round of 32 clients in 16 processes ran at 0.4 of the others on the H200)
+        # (in each client process, through HAProxy too) and builds the openai client's reply models, which would
+        # otherwise slow the first counted round far below the others
         await closed_loop(local, key[0], 1)
         await (procs.round(key[0], 1, remote_counts) if procs else closed_loop(remote, key[0], 1))
         runs: tuple[list, list] = ([], [])

@@ -182,8 +182,8 @@ def _haproxy_env(c: ServeConfig) -> dict[str, str]:
     of the replicas' own HTTP servers, on ports above it (room for twice the replicas: a dead replica's port is
     quarantined while HAProxy forgets it); Serve's fallback proxy and HAProxy's stats and metrics on free ports
     (their fixed defaults would clash with a second endpoint on the machine); and a replica being stopped drains
-    for 2 s instead of 30 (HAProxy hears of its leaving within ~0.1 s and a reload, and stops sending it requests;
-    the 30 s made every undeploy take half a minute)."""
+    for 2 s instead of Serve's 30 (HAProxy hears of its leaving within ~0.1 s and a reload, and stops sending it
+    requests; 30 s would make every undeploy take half a minute)."""
     n = c.max_replicas or c.replicas
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(c.port + 1),
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(c.port + 1 + 2 * n),
