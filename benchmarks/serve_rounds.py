@@ -2,10 +2,11 @@
 
 serve_throughput.py interleaves the two and keeps each one's best round; this one shows every round of each, with
 where a request's time went (the HTTP path, the hop, the engine, rows per engine step, the time a step took), to
-tell a drift of the endpoint's own from the machine's. The actor layout with direct ingress, 32 clients in 16
-processes (`--client-cores K`: on the last K cores, everything else on the others; serve_throughput.py says why).
+tell a drift of the endpoint's own from the machine's. One replica of serve.preset `--preset` (gpu by default: the
+engine in an actor of its own, reached over the hop), 32 clients in 16 processes (`--client-cores K`: on the last K
+cores, everything else on the others; serve_throughput.py says why).
 
-    python benchmarks/serve_rounds.py [--device cuda --model DIR] [--rounds 8] [--client-cores K]
+    python benchmarks/serve_rounds.py [--device cuda --model DIR] [--preset cpu|gpu] [--rounds 8] [--client-cores K]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", help="Hugging Face checkpoint (default: the embedded tiny math policy)")
+    ap.add_argument("--preset", default="gpu", choices=["cpu", "gpu"], help="serve.preset")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--client-cores", type=int, default=0, help="cores of the client processes alone (0: none)")
     args = ap.parse_args()
@@ -39,14 +41,13 @@ def main() -> None:
     from whale_ray.serve.spec import for_run_dir
 
     model, gpus = st.model_path(args.model), 1 if args.device.startswith("cuda") else 0
-    torch.set_num_threads(2)  # as the endpoint's engine (serve.replica_cpus)
+    torch.set_num_threads(2)  # as the endpoint's engine (serve.engine_cpus)
     os.environ.setdefault("RAY_worker_niceness", "0")  # serve_throughput.py says why
     ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=gpus, include_dashboard=False, log_to_driver=False)
     root = Path(tempfile.mkdtemp(prefix="serve-rounds-"))
     RunState().save(root)
     st.write_run_config(root, args.device, WAIT_MS, "continuous")
-    serve = ServeConfig(port=free_port(), max_concurrent=64, engine_layout="actor", ingress="direct", replica_cpus=2,
-                        replica_gpus=gpus)
+    serve = ServeConfig(port=free_port(), max_concurrent=64, preset=args.preset, engine_cpus=2, engine_gpus=gpus)
     url = deploy(for_run_dir(root, model, serve))
     procs = st.ClientProcesses(16, url, MAX_TOKENS)
     _, counts = st.endpoint_call(url, MAX_TOKENS)

@@ -1,7 +1,7 @@
 """The endpoint against the same engine in process, side by side in one run, and the pause a weight swap makes.
 
-    .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--layouts actor,replica,shared]
-        [--ingress proxy,direct,haproxy] [--replicas N] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4,16]
+    .venv/bin/python benchmarks/serve_throughput.py [--model DIR] [--device cpu|cuda] [--presets cpu,gpu]
+        [--replicas N] [--batching continuous,pass] [--levels 1,8,32] [--requests-per-client 4,16]
         [--max-tokens 32] [--client-procs 1 [--client-cores K]] [--profile SECONDS --profile-dir DIR]
 
 For 1, 8 and 32 concurrent clients (each sends its requests one after another: a round of each length given, so
@@ -13,16 +13,14 @@ device and torch threads, alternating in-process and endpoint rounds (best of ea
 in-process of the best rounds and the median ratio of each endpoint round to the in-process round before it
 (`paired`: the engine's speed drifts over minutes on a shared machine, and a pair sees one drift), each side's
 mean batch per engine pass and the time an engine step took (`step ms`) (the endpoint's from its /health); for each
-serve.engine_layout (actor: the engine in an actor of its own beside the replica; replica: in the replica's
-process; shared: one engine actor behind all the replicas), each serve.ingress (proxy: through Serve's HTTP proxy;
-direct: to the replica's own HTTP server; haproxy: through Serve's HAProxy to the replicas' own servers) and
-each policy.batching mode, one deployment each, in turn. Then the HTTP path alone (GET /health,
+serve.preset (cpu: the engine in each replica's process, behind Serve's HTTP proxy; gpu: one engine actor behind
+all the replicas, behind Serve's HAProxy) and each policy.batching mode, one deployment each, in turn. Then the HTTP path alone (GET /health,
 no engine work) and, for a machine whose cores the engine shares with it (on CPU), the ratio it leaves the
 endpoint. With --profile, each setup is then profiled under 32 clients (py-spy on the replica's and the engine's
 processes; the mean time a request spent at the client, in the replica's handler and in its completion, from the
 replies' Server-Timing headers). The `idle` columns: the share of each round the engine waited with nothing to run
 (in process and in the endpoint); `replica CPU ms`: the replica process's CPU time per request (the HTTP path's
-cost where the engine runs in an actor of its own; the engine's too in the replica layout). `--client-cores K`
+cost where the engine runs in an actor of its own; the engine's too with preset cpu). `--client-cores K`
 puts the client processes on K cores of their own, as remote clients would be, and everything measured (this
 process with its engine, Ray, the replica and its engine actor) on the others. Last, 8 streams are
 read while a new checkpoint lands in the followed run directory: the longest gap between two chunks of one stream,
@@ -186,12 +184,12 @@ ENGINE_KEYS = ("steps", "tokens", "idle_s", "busy_s", "prefills", "finished", "w
 
 
 def replica_urls(url: str, c) -> list[str]:
-    """Each replica's own base URL, to read every replica's /health: with ingress haproxy their own HTTP servers on
-    the ports above the endpoint's (whale_ray/serve/app.py `_haproxy_env`); otherwise the endpoint's."""
+    """Each replica's own base URL, to read every replica's /health: with preset gpu their own HTTP servers on the
+    ports above the endpoint's HAProxy (whale_ray/serve/app.py `_haproxy_env`); otherwise the endpoint's."""
     import httpx2
 
     base = url.removesuffix("/v1")
-    if c.ingress != "haproxy":
+    if c.preset != "gpu":
         return [base]
     host, found = base.rpartition(":")[0], {}
     for port in range(c.port + 1, c.port + 1 + 2 * c.replicas):
@@ -344,8 +342,8 @@ async def side_by_side(local, remote, levels: list[int], lengths: list[int], rou
     await remote(0)  # warm-up
     for key in [(c, n) for c in levels for n in lengths]:
         # a request per client first, uncounted, on both sides: each client's first request opens its connections
-        # (in each client process, through HAProxy too) and builds the openai client's reply models (the first
-        # endpoint round of 32 clients in 16 processes ran at 0.4 of the others on the H200)
+        # (in each client process, through HAProxy too) and builds the openai client's reply models, which would
+        # otherwise slow the first counted round far below the others
         await closed_loop(local, key[0], 1)
         await (procs.round(key[0], 1, remote_counts) if procs else closed_loop(remote, key[0], 1))
         runs: tuple[list, list] = ([], [])
@@ -403,7 +401,7 @@ def thread_samples(path: Path) -> dict[str, int]:
 
 
 def profile(url: str, setup: str, seconds: float, out: Path, per_client: int) -> None:
-    """py-spy (on PATH) on the replica's process and its engine's (one process in the replica layout) while 32
+    """py-spy (on PATH) on the replica's process and its engine's (one process with preset cpu) while 32
     clients keep the endpoint busy: samples of the thread holding the GIL only (`--gil`), so a process's samples
     over rate x seconds is its GIL's busy share, and each thread's share says who holds it. Raw stacks are
     written to `out`; a line per process is printed."""
@@ -437,10 +435,10 @@ def profile(url: str, setup: str, seconds: float, out: Path, per_client: int) ->
               f"of {seconds:g} s; by thread: {top or 'no samples'}", flush=True)
 
 
-def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict) -> None:
+def print_rows(preset: str, mode: str, local: dict, remote: dict) -> None:
     for (c, n), a in local.items():
         b = remote[c, n]
-        print(f"{layout:>7} {ingress:>7} {mode:>10} {c:>7} {n:>6} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
+        print(f"{preset:>6} {mode:>10} {c:>7} {n:>6} | {a['req_s']:>16.2f} {a['tok_s']:>7.1f} {a['p50']:>6.3f} "
               f"{a['p99']:>6.3f} {a['batch']:>5.1f} | {b['req_s']:>14.2f} {b['tok_s']:>7.1f} {b['p50']:>6.3f} "
               f"{b['p99']:>6.3f} {b['batch']:>5.1f} | {b['req_s'] / a['req_s']:>11.2f} {b['paired']:>12.2f} "
               f"{b['tok_s'] / a['tok_s']:>11.2f} | {a['idle']:>7.0%} {b['idle']:>7.0%} | {b['cpu_ms']:>14.2f} | "
@@ -449,7 +447,7 @@ def print_rows(layout: str, ingress: str, mode: str, local: dict, remote: dict) 
 
 
 def split(b: dict) -> str:
-    if not b["round_trip_ms"]:  # the replica layout: no channel
+    if not b["round_trip_ms"]:  # preset cpu: no channel
         return ""
     return (f" (replica {b['completion_ms'] - b['round_trip_ms']:.1f}, socket {b['round_trip_ms'] - b['actor_ms']:.1f}, "
             f"actor {b['actor_ms'] - b['engine_ms']:.1f})")
@@ -459,8 +457,8 @@ def print_times(local: dict, remote: dict) -> None:
     """Where a request's time went (means, ms): in process, the client's latency and the engine's share of it; through
     the endpoint, the client's latency as the HTTP path (the client, Serve, the handler's way in and out), the
     handler's own work around the completion, the hop to the engine and back (the completion less the engine's
-    time; in the replica layout only the event loop's turns) and the engine. The engine's time runs from a request
-    reaching it to its output, of it `wait` before it joined a batch. In the actor layout the hop splits further:
+    time; with preset cpu only the event loop's turns) and the engine. The engine's time runs from a request
+    reaching it to its output, of it `wait` before it joined a batch. With preset gpu the hop splits further:
     the replica's part of the completion outside the channel (the prompt's rendering, the reply, its loop's turns),
     the socket both ways (with each end's wake-ups) and the engine actor's loop around the engine. Then how late each
     event loop ran a 20 ms timer, on average: the in-process clients' (beside the engine's thread), the endpoint's
@@ -510,10 +508,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--batch-wait-ms", type=float, default=5.0, help="policy.batch_wait_ms, both ways")
     ap.add_argument("--rounds", type=int, default=2, help="alternations per level; the best of each is shown")
-    ap.add_argument("--layouts", default="actor,replica", help="serve.engine_layout values to measure in turn")
-    ap.add_argument("--ingress", default="proxy,direct", help="serve.ingress values to measure in turn")
+    ap.add_argument("--presets", default="cpu,gpu", help="serve.preset values to measure in turn")
     ap.add_argument("--replicas", type=int, default=1,
-                    help="Serve replicas (ingress proxy or haproxy): with layout shared, front ends of one engine; "
+                    help="Serve replicas: with preset gpu, front ends of one engine; "
                          "otherwise each with an engine of its own, scaling out against the one engine in process")
     ap.add_argument("--batching", default="continuous",
                     help="policy.batching modes to measure in turn, both ways (comma-separated: continuous,pass)")
@@ -530,10 +527,9 @@ def main() -> None:
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     lengths = [int(x) for x in args.requests_per_client.split(",")]
-    setups = [(layout, ingress, mode) for layout in args.layouts.split(",") for ingress in args.ingress.split(",")
-              for mode in args.batching.split(",")]
+    setups = [(preset, mode) for preset in args.presets.split(",") for mode in args.batching.split(",")]
     args.model = model_path(args.model)
-    torch.set_num_threads(args.threads)  # the endpoint's engine gets as many (serve.replica_cpus)
+    torch.set_num_threads(args.threads)  # the endpoint's engine gets as many (serve.engine_cpus)
     gpus = 1 if args.device.startswith("cuda") else 0
 
     import ray
@@ -557,36 +553,35 @@ def main() -> None:
           f"{args.client_procs} process(es), {args.threads} torch "
           f"threads, as in process; best of {args.rounds} interleaved rounds each; batch: requests per pass (pass), "
           f"rows per engine step, prefills included (continuous)")
-    print(f"{'layout':>7} {'ingress':>7} {'batching':>10} {'clients':>7} {'req/cl':>6} | {'in-process req/s':>16} {'tok/s':>7} "
+    print(f"{'preset':>6} {'batching':>10} {'clients':>7} {'req/cl':>6} | {'in-process req/s':>16} {'tok/s':>7} "
           f"{'p50 s':>6} {'p99 s':>6} {'batch':>5} | {'endpoint req/s':>14} {'tok/s':>7} {'p50 s':>6} {'p99 s':>6} {'batch':>5} | "
           f"{'req/s ratio':>11} {'paired ratio':>12} {'tok/s ratio':>11} | {'idle in':>7} {'idle ep':>7} | {'replica CPU ms':>14} | "
           f"{'step ms in, ep':>11}")
     try:
-        for layout, ingress, mode in setups:  # a deployment each; the last one also serves the HTTP floor and the swap
+        for preset, mode in setups:  # a deployment each; the last one also serves the HTTP floor and the swap
             write_run_config(root, args.device, args.batch_wait_ms, mode)
-            # the replica's CPUs (its engine's torch threads) and GPU: in its process or its engine actor's
-            shared = layout == "shared"  # one engine behind every replica: it holds the GPU whole
-            serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, engine_layout=layout,
-                                ingress=ingress, replica_cpus=args.threads,
-                                replica_gpus=gpus if shared else gpus / args.replicas)
+            # the engine's CPUs (its torch threads) and GPU: each replica's (cpu) or the one engine actor's (gpu)
+            shared = preset == "gpu"  # one engine behind every replica: it holds the GPU whole
+            serve = ServeConfig(port=free_port(), replicas=args.replicas, max_concurrent=64, preset=preset,
+                                engine_cpus=args.threads, engine_gpus=gpus if shared else gpus / args.replicas)
             url = deploy(for_run_dir(root, args.model, serve))
             fronts = replica_urls(url, serve)
             procs = ClientProcesses(args.client_procs, url, args.max_tokens) if args.client_procs > 1 else None
             if procs and args.client_cores:
                 print(pin_clients([p.pid for p in procs.procs], args.client_cores), flush=True)
             try:
-                results[layout, ingress, mode] = asyncio.run(side_by_side(
+                results[preset, mode] = asyncio.run(side_by_side(
                     in_process_call(args.model, args.max_tokens, args.batch_wait_ms, mode, args.device),
                     endpoint_call(url, args.max_tokens, fronts, shared), levels, lengths, args.rounds, procs))
             finally:
                 if procs:
                     procs.close()
             # as it goes: a run cut short keeps these
-            print_rows(layout, ingress, mode, *results[layout, ingress, mode])
-            print_times(*results[layout, ingress, mode])
+            print_rows(preset, mode, *results[preset, mode])
+            print_times(*results[preset, mode])
             if args.profile:
-                profile(url, f"{layout}-{ingress}-{mode}", args.profile, Path(args.profile_dir), lengths[0])
-            if (layout, ingress, mode) != setups[-1]:
+                profile(url, f"{preset}-{mode}", args.profile, Path(args.profile_dir), lengths[0])
+            if (preset, mode) != setups[-1]:
                 undeploy()
 
         def land() -> float:

@@ -40,7 +40,7 @@ FLAG_KEYS = {
     "proposer_max_tokens": "harness_phase.max_proposer_tokens",
     "proposer_max_cost": "harness_phase.max_proposer_cost_usd",
     "proposer_max_wall": "harness_phase.max_proposer_wall_s",
-    "serve": "serve.enabled", "serve_port": "serve.port",
+    "serve": "serve.enabled", "serve_port": "serve.port", "serve_preset": "serve.preset",
 }
 
 MODEL_HELP = ("local Hugging Face checkpoint directory, or a hub id (ORG/NAME) in the local hub cache (default: "
@@ -68,6 +68,10 @@ def default(dotted: str) -> Any:
 def choices(dotted: str) -> list[str]:
     """The values of a Literal config key, in the model's order."""
     return list(get_args(field(dotted).annotation))
+
+
+PRESET_HELP = ("the endpoint for the engine it serves: cpu (the engine in each replica, behind Serve's proxy) or gpu "
+               "(one engine actor holding a GPU, behind Serve's HAProxy and several replicas)")
 
 
 def helps(text: str, dotted: str) -> str:
@@ -141,6 +145,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="keep the OpenAI-compatible endpoint up for the whole run, following its checkpoints "
                           "(the config's serve: section; whale serve --help)")
     run.add_argument("--serve-port", type=int, help=helps("the endpoint's port", "serve.port"))
+    run.add_argument("--serve-preset", choices=choices("serve.preset"), help=helps(PRESET_HELP, "serve.preset"))
     add_tracking_flags(run)
     add_serve_parser(sub)
     sub.add_parser("doctor", help="which sandbox isolation layers are active on this machine, and why not")
@@ -243,6 +248,7 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument("--harness", type=Path, help="the agent's harness with --model (default: the domain's h0)")
     serve.add_argument("--isolation", choices=choices("sandbox.isolation"), help="the agent's sandbox with --model")
     serve.add_argument("--ray-address", help="connect to this Ray cluster instead of starting a local one")
+    serve.add_argument("--preset", choices=choices("serve.preset"), help=helps(PRESET_HELP, "serve.preset"))
     serve.add_argument("--host", help=helps("address to listen on", "serve.host"))
     serve.add_argument("--port", type=int, help=helps("port", "serve.port"))
     serve.add_argument("--replicas", type=int, help=helps("replicas", "serve.replicas"))
@@ -251,13 +257,6 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument("--max-concurrent", type=int, help=helps("requests in flight per replica before 429",
                                                                 "serve.max_concurrent"))
     serve.add_argument("--api-key-env", help="NAME of the environment variable holding the key clients must send")
-    serve.add_argument("--engine-layout", choices=choices("serve.engine_layout"),
-                       help=helps("where each replica's engine runs: an actor of its own, the replica's process, "
-                                  "or one actor shared by all the replicas", "serve.engine_layout"))
-    serve.add_argument("--ingress", choices=choices("serve.ingress"),
-                       help=helps("how requests reach the replicas: Serve's proxy, the replica's own HTTP server "
-                                  "(one replica), or Serve's HAProxy in front of the replicas' own servers",
-                                  "serve.ingress"))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -305,54 +305,60 @@ class EndpointConfig(_Strict):
     max_retries: int = Field(4, ge=0)
 
 
+# Keys that configs written for an earlier whale-ray hold and ServeConfig does not: each with what to write instead,
+# which the error naming the key says
+SERVE_KEYS_GONE = {
+    "engine_layout": "serve.preset chooses where the engine runs (cpu: in each replica's process; gpu: one engine "
+                     "actor behind every replica)",
+    "ingress": "serve.preset chooses how requests reach the replicas (cpu: Serve's proxy; gpu: Serve's HAProxy)",
+    "user_code_thread": "the handlers always run on Serve's main event loop; remove the key",
+    "access_log": "Serve's per-request access log is off in both presets; remove the key",
+    "replica_cpus": "serve.engine_cpus holds it",
+    "replica_gpus": "serve.engine_gpus holds it",
+}
+
+
 class ServeConfig(_Strict):
     """The live OpenAI-compatible endpoint (whale_ray/serve/): `whale serve`, or `whale run --serve` for the
     whole run. It follows the run directory's checkpoints; it is no part of the run's identity (a relaunch
     may turn it on or off)."""
 
     enabled: bool = False  # whale run --serve
+    # How the endpoint is put together, for the engine it serves (whale_ray/serve/app.py, engines.py). cpu: each
+    # replica runs its engine in its own process behind Serve's proxy; the engine shares the cores with the HTTP
+    # path, and a second process and a hop between them would cost those cores more than the GIL they free. gpu:
+    # one engine actor holds the GPU and the weights once, fed by every replica over a socket each, behind Serve's
+    # HAProxy; the replicas are front ends (each with its own event loop and HTTP server), so the Python around
+    # the requests runs beside the engine's, not under its GIL (the layout of vLLM's --api-server-count).
+    preset: Literal["cpu", "gpu"] = "cpu"
     host: str = "127.0.0.1"
-    port: int = Field(8000, gt=0, lt=65536)
+    port: int = Field(8000, gt=0, lt=65536)  # preset gpu: HAProxy's; the replicas' own servers take the ports above
     replicas: int = Field(1, gt=0)  # fixed replica count, unless min_replicas and max_replicas are both set
     min_replicas: Optional[int] = Field(None, ge=0)  # Serve autoscaling bounds
     max_replicas: Optional[int] = Field(None, gt=0)
     upscale_delay_s: float = Field(30.0, ge=0)  # autoscaling: how long the load must last before a replica is added
-    # Ray CPUs and GPUs each replica holds for its engines (and their torch threads): the replica's own, or its
-    # engine actor's (engine_layout actor; the replica holds none then)
-    replica_cpus: float = Field(1.0, ge=0)
-    replica_gpus: float = Field(0.0, ge=0)
-    # Where each replica's engines run (whale_ray/serve/engines.py). actor: in a Ray actor of the replica's own, so
-    # Serve's per-request Python and the engine's sampling loop do not share one process's GIL; replica: in the
-    # replica's process (one process and one hop fewer). replica is the default because on cores the engine
-    # shares, the actor's process and hop cost more than the GIL it frees (benchmarks/serve_throughput.py;
-    # docs/performance.md). actor is for spare cores beside a GPU engine. shared: one engine actor for all the
-    # replicas (one batch, one copy of the weights on the GPU), so several front-end processes, each with its own
-    # event loop and HTTP server, feed one engine (vLLM's --api-server-count); with ingress haproxy.
-    engine_layout: Literal["actor", "replica", "shared"] = "replica"
-    # How requests reach the replica (whale_ray/serve/app.py). proxy: Serve's HTTP proxy on each node, which routes
-    # to the replicas (any count, autoscaling). direct: the replica serves HTTP itself on `port` (Serve's direct
-    # ingress), one process and one hop fewer per request; one replica, which the port belongs to. It needs Serve
-    # started by this endpoint (not one already running on the cluster with its proxies). haproxy: Serve's HAProxy on
-    # `port` in front of the replicas' own HTTP servers (direct ingress on ports above `port`, bound to all
-    # interfaces, as Serve's HAProxy mode has them), any replica count; the same start condition as direct.
-    ingress: Literal["proxy", "direct", "haproxy"] = "proxy"
-    access_log: bool = False  # Serve's per-request access log lines (proxy and replica): Python per request
-    # Serve's default runs a replica's handlers on an event loop of their own in a second thread, so every ASGI
-    # message (and, layout actor, every frame of the hop) crosses between that thread and Serve's main loop; False
-    # runs them on the main loop (RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0), which saves the replica that
-    # crossing's CPU on every request (docs/performance.md). Our handlers do not block the loop (an agent's
-    # episode and a checkpoint's read run in executor threads); True is for handlers that might.
-    user_code_thread: bool = False
+    # Ray CPUs and GPUs of an engine (and its torch threads): each replica's (preset cpu), or the one engine actor's
+    # (preset gpu; the replicas then hold none). engine_gpus None: none for cpu, one whole GPU for gpu.
+    engine_cpus: float = Field(1.0, ge=0)
+    engine_gpus: Optional[float] = Field(None, ge=0)
     max_concurrent: int = Field(64, gt=0)  # requests in flight per replica; more get 429 with Retry-After
     api_key_env: Optional[str] = None  # NAME of the variable holding the key clients must send; None = no key
     poll_s: float = Field(0.5, gt=0)  # how often each replica looks at the run directory for new weights
 
-    @model_validator(mode="after")
-    def _direct_has_one_replica(self) -> "ServeConfig":
-        if self.ingress == "direct" and (self.replicas != 1 or self.max_replicas is not None):
-            raise ValueError(f"serve.ingress direct serves from one replica on port {self.port}; got replicas "
-                             f"{self.replicas}, max_replicas {self.max_replicas} (use ingress proxy for more)")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _no_keys_gone(cls, data: Any) -> Any:
+        for key in SERVE_KEYS_GONE:
+            if isinstance(data, dict) and key in data:
+                raise ValueError(f"{key} is no longer a setting: {SERVE_KEYS_GONE[key]}")
+        return data
+
+    @property
+    def gpus_per_engine(self) -> float:
+        """engine_gpus, or the preset's when unset."""
+        if self.engine_gpus is not None:
+            return self.engine_gpus
+        return 1.0 if self.preset == "gpu" else 0.0
 
 
 class MlflowTrackingConfig(_Strict):
@@ -412,8 +418,9 @@ class EvalConfig(_Strict):
 
 
 # 1: before the domain plug-ins (retrieval/judge written for every domain); 2: a domain's sections only for it;
-# 3: weight.warmup_steps, max_grad_norm and precision, and the optimiser's settings chosen by the run when unset
-CONFIG_VERSION = 3
+# 3: weight.warmup_steps, max_grad_norm and precision, and the optimiser's settings chosen by the run when unset;
+# 4: serve.preset in place of the endpoint's layout, ingress and flags; serve.engine_cpus and engine_gpus
+CONFIG_VERSION = 4
 
 
 class WhaleConfig(_Strict):
@@ -588,6 +595,16 @@ def upgrade_config_tree(tree: dict[str, Any]) -> dict[str, Any]:
         weight = tree["weight"] = dict(tree.get("weight") or {})
         for key, value in {"learning_rate": 3e-4, "warmup_steps": 0, "max_grad_norm": 1.0, "precision": "float32"}.items():
             weight.setdefault(key, value)
+    if version < 4 and isinstance(tree.get("serve"), dict):  # the endpoint a run recorded, as the preset it matches
+        serve = tree["serve"] = dict(tree["serve"])
+        layout = serve.pop("engine_layout", None)
+        for key in ("ingress", "user_code_thread", "access_log"):
+            serve.pop(key, None)
+        if layout is not None:
+            serve["preset"] = "gpu" if layout == "shared" else "cpu"
+        for key in ("cpus", "gpus"):
+            if f"replica_{key}" in serve:
+                serve[f"engine_{key}"] = serve.pop(f"replica_{key}")
     tree["config_version"] = CONFIG_VERSION
     return tree
 

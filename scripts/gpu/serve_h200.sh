@@ -1,12 +1,13 @@
 #!/bin/bash
 # Issue 13's throughput goal where it is meant: benchmarks/serve_throughput.py with both engines (in process and
-# the endpoint's) on the H200 and the endpoint's own work (Serve's proxy, the replica, the engine's actor) on the
-# spare cores, both serve.engine_layout values side by side in one run. In one device call, once the parts are in
+# the endpoint's) on the H200 and the endpoint's own work (Serve's proxy or HAProxy, the replicas, the engine's actor)
+# on the spare cores, both serve.preset values side by side in one run (BENCH_ARGS="--presets gpu --replicas 2" for
+# the GPU preset alone, as it is meant to be served). In one device call, once the parts are in
 # ~/vparts, ~/rparts and ~/rdeps (scripts/gpu/README.md: calls 1-2, and call 3 or a later warm call) and
 # .gpu/policy holds the policy checkpoint. The whole log comes back as $OUT/serve.log, the table as serve.txt.
 # Usage, in the checkout's root there: bash scripts/gpu/serve_h200.sh VLLM_SHA256|none RAY_SHA256
 # (none: without vLLM's parts: prepare_ray.sh's c0 carries the rest of the endpoint's Python, pydantic to openai)
-# (BENCH_TIMEOUT, 120 s by default, bounds the benchmark, which prints each layout's rows as they are measured;
+# (BENCH_TIMEOUT, 120 s by default, bounds the benchmark, which prints each preset's rows as they are measured;
 # BENCH_ARGS are added to its flags; without .gpu/policy the embedded math policy is built here first; with py-spy's
 # wheel in .gpu/pyspy, BENCH_ARGS="--profile 8" profiles each setup, the raw stacks coming back as profiles.tgz;
 # BENCH=benchmarks/engine_in_worker.py runs that benchmark instead, with the same --device and --model)

@@ -114,7 +114,7 @@ def cluster(pytestconfig):
     (checkout / "study.yaml").write_text(yaml.safe_dump({**study, "storage": str(storage), "run_dir": "study"}))
     # the resubmitted one is followed by `whale serve` (the serve: section is no part of a run's identity): a
     # small replica, and an autoscaling target of 1 request per replica that its three clients exceed within 5 s
-    serve = {"replica_cpus": 0.25, "max_concurrent": 2, "upscale_delay_s": 5}
+    serve = {"engine_cpus": 0.25, "max_concurrent": 2, "upscale_delay_s": 5}
     (checkout / "again.yaml").write_text(yaml.safe_dump({**study, "storage": str(storage), "run_dir": "again",
                                                          "serve": serve}))
     head = Head(root, env)

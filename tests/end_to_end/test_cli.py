@@ -72,6 +72,8 @@ def data_config(tmp_path, name, train, test) -> str:
          'questions.jsonl: not a Search-R1 JSONL corpus, no usable passage in 2 lines; line 1: no "contents" string'),
         (["--domain", "search_qa", "--config", "{parquet_corpus}"], "train.parquet: line 1 is not UTF-8 text"),
         (["--config", "{foreign_section}"], "config key 'retrieval' belongs to domain 'search_qa'"),
+        (["--config", "{serve_layout}"], "serve: engine_layout is no longer a setting: serve.preset chooses where the "
+         "engine runs"),
         (["--domain", "tests.no_such_domain"], "unknown domain 'tests.no_such_domain'"),
     ],
 )
@@ -84,6 +86,7 @@ def test_bad_input_is_one_line_and_leaves_no_run_dir(case, needle, tmp_path, fil
         "questions_corpus": yaml_file(tmp_path / "q.yaml", f"retrieval:\n  corpus_path: {files['questions']}\n"),
         "parquet_corpus": yaml_file(tmp_path / "p.yaml", f"retrieval:\n  corpus_path: {files['train']}\n"),
         "foreign_section": yaml_file(tmp_path / "f.yaml", "retrieval:\n  kind: bm25\n"),
+        "serve_layout": yaml_file(tmp_path / "s.yaml", "serve:\n  engine_layout: shared\n"),
     }
     args = [a.format(**subs) for a in case] + ["--run-dir", str(tmp_path / "run")]
     result = whale(*args, cwd=tmp_path)

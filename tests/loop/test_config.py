@@ -52,3 +52,20 @@ def test_bad_files(tmp_path):
     typo.write_text("condtion: whale\n")
     with pytest.raises(ConfigError, match=str(typo)):
         load_config(typo)
+
+
+@pytest.mark.parametrize("key, says", [
+    ("engine_layout", "serve.preset chooses where the engine runs"),
+    ("ingress", "serve.preset chooses how requests reach the replicas"),
+    ("user_code_thread", "always run on Serve's main event loop"),
+    ("access_log", "access log is off in both presets"),
+    ("replica_cpus", "serve.engine_cpus holds it"),
+    ("replica_gpus", "serve.engine_gpus holds it"),
+])
+def test_a_serve_key_that_is_no_setting_names_what_replaces_it(tmp_path, key, says):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"serve:\n  {key}: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).startswith(f"{path}: serve: {key} is no longer a setting: ") and says in str(e.value)
+    assert "\n" not in str(e.value)

@@ -11,7 +11,10 @@ import json
 import shutil
 from pathlib import Path
 
-from whale_ray.config import load_config
+import pytest
+import yaml
+
+from whale_ray.config import dump_config, load_config, load_recorded_config
 from whale_ray.loop import RunDirectory
 from whale_ray.run_state import RunState
 
@@ -37,6 +40,20 @@ def test_a_real_conflict_is_named(tmp_path, monkeypatch):
     conflicts = RunDirectory(run).config_conflicts(load_config(None, {"run_dir": "runs/old", "E": 0.2,
                                                                       "weight.checkpoint_every": 3}))
     assert conflicts == ["E: 0.6 -> 0.2", "weight.checkpoint_every: 1 -> 3"]
+
+
+@pytest.mark.parametrize("layout, ingress, preset", [("replica", "proxy", "cpu"), ("actor", "direct", "cpu"),
+                                                     ("shared", "haproxy", "gpu")])
+def test_a_recorded_endpoint_reads_as_the_preset_it_matches(tmp_path, layout, ingress, preset):
+    """A version 3 config.yaml records the endpoint's layout, ingress and flags: `whale serve --run-dir` on it serves
+    the preset of that layout, on the resources it recorded."""
+    tree = yaml.safe_load(dump_config(load_config(None, {"run_dir": str(tmp_path)})))
+    tree["config_version"] = 3
+    tree["serve"] = {"port": 8123, "replica_cpus": 0.5, "replica_gpus": 0.25, "engine_layout": layout,
+                     "ingress": ingress, "access_log": False, "user_code_thread": False}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
+    serve = load_recorded_config(tmp_path / "config.yaml").serve
+    assert (serve.preset, serve.port, serve.engine_cpus, serve.engine_gpus) == (preset, 8123, 0.5, 0.25)
 
 
 def test_an_unreadable_config_is_a_conflict_that_says_why(tmp_path):

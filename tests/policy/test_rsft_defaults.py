@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tests.helpers import small_config
-from whale_ray.config import WeightPhaseConfig, dump_config, load_config
+from whale_ray.config import CONFIG_VERSION, WeightPhaseConfig, dump_config, load_config
 from whale_ray.loop import RunDirectory
 from whale_ray.rsft import RSFTLearner
 from whale_ray.rsft_defaults import CheckpointFacts, describe_checkpoint, resolve_run_config, resolve_weight_phase
@@ -73,7 +73,8 @@ def test_a_run_records_what_it_chose_and_a_resume_keeps_it(tmp_path, tiny_model)
 
 
 def test_a_config_from_before_the_keys_resumes_with_what_it_trained_with(tmp_path):
-    old = dump_config(load_config(None, {"run_dir": str(tmp_path)})).replace("config_version: 3", "config_version: 2")
+    old = dump_config(load_config(None, {"run_dir": str(tmp_path)})).replace(f"config_version: {CONFIG_VERSION}",
+                                                                             "config_version: 2")
     tree = yaml.safe_load(old)
     for key in ("learning_rate", "warmup_steps", "max_grad_norm", "precision"):
         tree["weight"].pop(key)

@@ -1,5 +1,6 @@
-"""whale_ray/serve/channel.py: the batched hop between a replica and its engine actor, against a real `EngineActor`
-on a local Ray cluster and the same engine in this process (tests/serve/test_serve_layouts.py runs it behind Serve)."""
+"""whale_ray/serve/channel.py: the batched hop between a replica and the endpoint's engine actor (serve.preset gpu),
+against a real `EngineActor` on a local Ray cluster and the same engine in this process
+(tests/serve/test_serve_presets.py runs it behind Serve)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ from whale_ray.records import SamplingParams
 def engine_actor(ray_cluster, tiny_policy):
     """An `EngineActor` on the session's cluster, killed after the test: it holds one of the cluster's CPUs, which
     the tests after this one need."""
+    from whale_ray.policy.restart import Weights
     from whale_ray.serve.engines import EngineActor
-    from whale_ray.serve.follow import Weights
     from whale_ray.serve.spec import for_model
 
     spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(device="cpu"),
-                     sandbox=SandboxConfig(), serve=ServeConfig(engine_layout="actor", replica_cpus=1))
+                     sandbox=SandboxConfig(), serve=ServeConfig(preset="gpu", engine_cpus=1, engine_gpus=0))
     actor = EngineActor.options(num_cpus=1).remote({"whale": Weights(0, tiny_policy)}, spec)
     yield actor
     ray_cluster.kill(actor)

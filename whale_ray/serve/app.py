@@ -6,9 +6,11 @@ Routes: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (both st
 object with its status (400 bad input, 401 no or wrong key, 404 unknown model, 413 prompt over the context,
 429 replica full, with Retry-After; 500 only for a fault of ours, without a traceback).
 
-Requests reach the replica through Serve's proxy (serve.ingress proxy), straight from the client to the
-replica's own HTTP server (direct: Serve's direct ingress, one replica on the port; `_direct_env`), or through
-Serve's HAProxy to the replicas' own HTTP servers (haproxy: any number of replicas; `_haproxy_env`).
+Requests reach the replicas through Serve's proxy (serve.preset cpu) or through Serve's HAProxy to the replicas'
+own HTTP servers (gpu; `_haproxy_env`); either way any number of replicas. The handlers run on Serve's main event
+loop (none of them blocks it: an agent's episode and a checkpoint's read run in executor threads), which spares
+every request's messages the crossing to a second thread's loop; Serve's per-request access log is off, since it
+is Python on every request in the proxy and again in the replica.
 """
 
 
@@ -101,8 +103,8 @@ class WhaleEndpoint:
 
     @app.get("/health")
     async def health(self) -> dict[str, Any]:
-        # pid: this replica's process; each model's engine names its own (serve.engine_layout)
-        # thread: the one that runs the handlers (serve.user_code_thread)
+        # pid: this replica's process; each model's engine names its own (serve.preset)
+        # thread: the one that runs the handlers
         batches: dict[str, Any] = {}
         for name, m in self.replica.models.items():
             try:
@@ -171,28 +173,17 @@ class WhaleEndpoint:
         return _json(body, version)
 
 
-_started_serve: Optional[str] = None  # the ingress of the Serve this process started (and so may shut down)
-DIRECT_UP_S = 120.0  # ingress direct: how long deploy waits for the replica's own HTTP server to answer
-
-
-def _direct_env(c: ServeConfig) -> dict[str, str]:
-    """Serve's direct ingress (serve.ingress direct), set in its controller and the replica: the replica's own HTTP
-    server on `port` (the only port in its range; Serve's fallback proxy on the head node gets another, and no
-    request here goes through it); a port freed by a replica that died is its replacement's at once (the
-    quarantine is for Serve's HAProxy, not used here); and a replica being stopped drains for 1 s instead of 30
-    (no load balancer has to notice it leave)."""
-    return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(c.port),
-            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(c.port + 1), "RAY_SERVE_PORT_QUARANTINE_S": "0",
-            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
+_started_serve: Optional[str] = None  # the preset of the Serve this process started (and so may shut down)
+HTTP_UP_S = 120.0  # preset gpu: how long deploy waits for HAProxy and the replicas' own HTTP servers to answer
 
 
 def _haproxy_env(c: ServeConfig) -> dict[str, str]:
-    """Serve's HAProxy mode (serve.ingress haproxy), set in its controller and the replicas: HAProxy on `port` in
-    front of the replicas' own HTTP servers, on ports above it (room for twice the replicas: a dead replica's port
-    is quarantined while HAProxy forgets it); Serve's fallback proxy and HAProxy's stats and metrics on free
-    ports (their fixed defaults would clash with a second endpoint on the machine); and a replica being stopped
-    drains for 2 s instead of 30 (HAProxy hears of its leaving within ~0.1 s and a reload, and stops sending it
-    requests; the 30 s made every undeploy take half a minute)."""
+    """Serve's HAProxy mode (serve.preset gpu), set in its controller and the replicas: HAProxy on `port` in front
+    of the replicas' own HTTP servers, on ports above it (room for twice the replicas: a dead replica's port is
+    quarantined while HAProxy forgets it); Serve's fallback proxy and HAProxy's stats and metrics on free ports
+    (their fixed defaults would clash with a second endpoint on the machine); and a replica being stopped drains
+    for 2 s instead of Serve's 30 (HAProxy hears of its leaving within ~0.1 s and a reload, and stops sending it
+    requests; 30 s would make every undeploy take half a minute)."""
     n = c.max_replicas or c.replicas
     return {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(c.port + 1),
             "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(c.port + 1 + 2 * n),
@@ -209,18 +200,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _wait_http(url: str, ingress: str) -> None:
+def _wait_http(url: str) -> None:
     import httpx2
 
-    deadline = time.monotonic() + DIRECT_UP_S
+    deadline = time.monotonic() + HTTP_UP_S
     while True:
         try:
             httpx2.get(url + "/health", timeout=5).raise_for_status()
             return
         except httpx2.HTTPError as e:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"serve.ingress {ingress}: nothing answered at {url} within {DIRECT_UP_S:.0f} s "
-                                   f"({e}); the logs are under the Ray session's logs/serve") from None
+                raise RuntimeError(f"serve.preset gpu: nothing answered at {url} within {HTTP_UP_S:.0f} s ({e}); the "
+                                   "logs are under the Ray session's logs/serve") from None
             time.sleep(0.2)
 
 
@@ -240,27 +231,23 @@ def deploy(spec: EndpointSpec) -> str:
     is up."""
     global _started_serve
     c = spec.serve
+    gpu = c.preset == "gpu"
     if _started_serve is None and not _serve_is_running():
-        _started_serve = c.ingress
-    if c.ingress != (_started_serve or "proxy"):  # Serve's ingress is fixed when its controller starts
-        raise RuntimeError(f"serve.ingress {c.ingress}: Serve is already running on this cluster with ingress "
-                           f"{_started_serve or 'proxy (started by another driver)'}; stop it first "
-                           "(`serve shutdown`) or use that ingress")
-    env = _direct_env(c) if c.ingress == "direct" else _haproxy_env(c) if c.ingress == "haproxy" else {}
-    replica_env = {**env, "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": str(int(c.user_code_thread))}
-    # Serve's access log: a line per request in the proxy and again in the replica, written by the Python that
-    # also serves the requests (serve.access_log)
-    logs = LoggingConfig(enable_access_log=c.access_log)
-    # direct: Serve still starts a fallback proxy on the head node; it gets a free port, the replica has c.port
-    serve.start(http_options={"host": c.host, "port": free_port(c.host) if c.ingress == "direct" else c.port},
-                logging_config=logs,
+        _started_serve = c.preset
+    if c.preset != (_started_serve or "cpu"):  # Serve's ingress (its proxy or HAProxy) is fixed when it starts
+        raise RuntimeError(f"serve.preset {c.preset}: Serve is already running on this cluster for preset "
+                           f"{_started_serve or 'cpu (started by another driver)'}; stop it first (`serve shutdown`) "
+                           "or use that preset")
+    env = _haproxy_env(c) if gpu else {}
+    replica_env = {**env, "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}  # the module docstring says why
+    logs = LoggingConfig(enable_access_log=False)
+    serve.start(http_options={"host": c.host, "port": c.port}, logging_config=logs,
                 controller_options={"runtime_env": {"env_vars": env}} if env else None)
-    # Serve's own cap sits above ours, so excess requests reach the replica and get a 429, not a queue
-    # layout actor: the replica's CPUs and GPUs are its engine actor's (whale_ray/serve/engines.py)
-    mine = c.engine_layout == "replica"
+    # Serve's own cap sits above ours, so excess requests reach the replica and get a 429, not a queue;
+    # preset gpu: the CPUs and GPUs are the engine actor's, the replicas hold none (whale_ray/serve/engines.py)
     opts: dict[str, Any] = {"max_ongoing_requests": 2 * c.max_concurrent + 8, "logging_config": logs,
-                            "ray_actor_options": {"num_cpus": c.replica_cpus if mine else 0,
-                                                  "num_gpus": c.replica_gpus if mine else 0,
+                            "ray_actor_options": {"num_cpus": 0 if gpu else c.engine_cpus,
+                                                  "num_gpus": 0 if gpu else c.gpus_per_engine,
                                                   "runtime_env": {"env_vars": replica_env}}}
     if c.min_replicas is not None and c.max_replicas is not None:
         opts["autoscaling_config"] = {"min_replicas": c.min_replicas, "max_replicas": c.max_replicas,
@@ -269,12 +256,12 @@ def deploy(spec: EndpointSpec) -> str:
     else:
         opts["num_replicas"] = c.replicas
     services = start_agent_services(spec.config, spec.run_dir) if spec.config is not None else {}
-    if c.engine_layout == "shared":  # before the replicas, which look it up by name
+    if gpu:  # before the replicas, which look it up by name
         start_shared(start_weights(spec, follower_of(spec)), spec)
     serve.run(WhaleEndpoint.options(**opts).bind(spec, services), name=APP_NAME, route_prefix="/")
     host = "127.0.0.1" if c.host in ("0.0.0.0", "::") else c.host
-    if c.ingress != "proxy":  # serve.run waits for the replicas, not for their own HTTP servers (or HAProxy)
-        _wait_http(f"http://{host}:{c.port}", c.ingress)
+    if gpu:  # serve.run waits for the replicas, not for their own HTTP servers or HAProxy
+        _wait_http(f"http://{host}:{c.port}")
     return f"http://{host}:{c.port}/v1"
 
 
@@ -283,7 +270,7 @@ def undeploy() -> None:
     other applications keep their Serve."""
     global _started_serve
     serve.delete(APP_NAME)
-    stop_shared()  # the shared layout's engine actor, if any
+    stop_shared()  # preset gpu's engine actor, if any
     if _started_serve is not None:
         serve.shutdown()
         _started_serve = None

@@ -1,6 +1,6 @@
-"""The hop between a replica and its engine actor (`serve.engine_layout: actor`): one stream socket, in batches.
+"""The hop between a replica and the endpoint's engine actor (`serve.preset: gpu`): one stream socket, in batches.
 
-The replica's `Channel` asks its `EngineActor` once, through Ray, where to connect (`EngineActor.link`: a Unix
+Each replica's `Channel` asks the `EngineActor` once, through Ray, where to connect (`EngineActor.link`: a Unix
 socket for a replica on the actor's node, TCP on the node's address otherwise) and with which key, then talks to
 the actor's `Link` over that socket alone. Why not Ray calls: a Ray actor call costs each side far more Python
 than a frame over a local socket (docs/performance.md), and the engine actor's Python runs under the GIL its

@@ -1,33 +1,23 @@
-"""How a replica reaches its engines (`serve.engine_layout`): in its own process, or in an actor of its own.
+"""How a replica reaches its engines, by `serve.preset` (whale_ray/config.py says why each is put together so).
 
 Either way each served model gives the replica the same interface: `tokenizer` and `max_context` (the replica
 renders, counts and bounds prompts itself), `version`, `complete` (streaming through `request.on_token`),
 `generate` (the agent's calls), `load` (a checkpoint on record) and `stats`.
 
-- layout "replica" (the default; whale_ray/config.py says why): each model's `PolicyService` in the replica's
-  process (`LocalEngine`).
-- layout "actor": the replica's models' `PolicyService`s in one `EngineActor`, a Ray actor that
-  the replica starts on its own node and owns (it dies with the replica), holding the replica's Ray CPUs and GPUs
-  (serve.replica_cpus, replica_gpus), the replica itself none. Why: Serve runs each request's Python in the
-  replica (the route, the body, the reply, request metrics, the access log); beside the engine's sampling
-  thread in one process that Python holds the GIL the engine needs between its forward passes, and under load
-  the engine thread waits for it (docs/performance.md). In an actor of its own the engine
-  has its process's GIL to itself; the requests and their tokens and outputs cross a socket in batches (one frame
-  per batch of arrivals, one per batch of events: whale_ray/serve/channel.py). Each replica keeps its own engines,
-  so a weight swap is what it was: the replica loads each version into them, and the requests in flight
-  finish on the weights they started with.
-- layout "shared": one `EngineActor` for every replica of the endpoint, started by `deploy` before the replicas
-  (`start_shared`: named and detached, the endpoint's rather than any replica's; `undeploy` ends it). Each replica
-  reaches it over a socket of its own; each asks it to load every version it sees on record, and the actor loads a
-  version once (`EngineActor.load` never goes back), so the replicas' requests share one batch and one copy of the
-  weights. Why: several front-end processes (their own event loops and HTTP servers, behind Serve's HAProxy) feed
-  one engine, as vLLM's `--api-server-count` does.
+- preset "cpu": each model's `PolicyService` in the replica's process (`LocalEngine`); each replica has engines of
+  its own and loads each version into them, and the requests in flight finish on the weights they started with.
+- preset "gpu": one `EngineActor` for every replica of the endpoint, started by `deploy` before the replicas
+  (`start_shared`: named and detached, the endpoint's rather than any replica's; `undeploy` ends it), holding
+  serve.engine_cpus and engine_gpus, the replicas none (`SharedEngine`). Each replica reaches it over a socket of
+  its own (whale_ray/serve/channel.py: the requests, their tokens and outputs cross in batches), and asks it to
+  load every version it sees on record; the actor loads a version once (`EngineActor.load` never goes back), so
+  the replicas' requests share one batch and one copy of the weights.
 
-An engine actor that dies (its process killed, its node lost) is restarted by Ray (`RESTARTS`), on the weights the
-run directory has on record then (a replica never answers on weights older than those); the requests in flight
-fail with a 503 and Retry-After (whale_ray/serve/channel.py's `EngineLost`), the ones that arrive meanwhile wait for
-it. One that is gone for good (its restarts used up) fails the replica's health check, so Serve replaces the replica
-(and, in layout "actor", its engine actor with it).
+An engine actor that dies (its process killed, its node lost) is restarted by Ray (`RESTARTS`) on the weights the
+run directory has on record then (whale_ray/policy/restart.py; a replica never answers on weights older than those);
+the requests in flight fail with a 503 and Retry-After (whale_ray/serve/channel.py's `EngineLost`), the ones that
+arrive meanwhile wait for it. One that is gone for good (its restarts used up) fails the replicas' health checks,
+so Serve replaces them.
 """
 
 from __future__ import annotations
@@ -43,16 +33,17 @@ import torch
 
 from whale_ray.policy.checkpoint import load_tokenizer
 from whale_ray.policy.engine import GenerationOutput, GenerationRequest, check_request
+from whale_ray.policy.restart import Weights, come_back, restarted
 from whale_ray.policy.serving import PolicyService, to_call
 from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve.channel import Channel, Link
-from whale_ray.serve.follow import Weights, follower_of, load_state_dict, start_weights
+from whale_ray.serve.follow import follower_of, load_state_dict, start_weights
 from whale_ray.serve.lag import LoopLag
 from whale_ray.serve.spec import EndpointSpec
 
 log = logging.getLogger(__name__)
 ENGINE_START_S = 600.0  # the engine actor's start: placed, the model loaded (vLLM on a GPU: under a minute)
-SHARED_NAME, SHARED_NAMESPACE = "whale-engine", "whale-serve"  # the shared layout's engine actor
+SHARED_NAME, SHARED_NAMESPACE = "whale-engine", "whale-serve"  # preset gpu's engine actor
 RESTARTS = -1  # Ray restarts a dead engine actor however often it dies (each restart is logged)
 
 
@@ -69,8 +60,8 @@ async def _load(service: PolicyService, weights: Weights) -> int:
 
 
 def _threads(spec: EndpointSpec) -> None:
-    if spec.serve.replica_cpus >= 1:
-        torch.set_num_threads(int(spec.serve.replica_cpus))  # replicas sharing a node do not oversubscribe it
+    if spec.serve.engine_cpus >= 1:
+        torch.set_num_threads(int(spec.serve.engine_cpus))  # engines sharing a node do not oversubscribe it
 
 
 class LocalEngine:
@@ -99,17 +90,20 @@ class LocalEngine:
         pass
 
 
+def _announce(start: dict[str, Weights]) -> None:
+    log.warning("the engine actor restarted, on %s", ", ".join(f"{n} v{w.version}" for n, w in start.items()))
+
+
 @ray.remote
 class EngineActor:
-    """One replica's `PolicyService`s, by model name, in a process of their own (the module docstring says why),
+    """The endpoint's `PolicyService`s, by model name, in a process of their own (the module docstring says why),
     fed and read in batches over the socket of whale_ray/serve/channel.py."""
 
     def __init__(self, start: dict[str, Weights], spec: EndpointSpec):
         _threads(spec)
-        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        if self.restarted:  # not on `start`: the run may have moved on since
-            start = start_weights(spec, follower_of(spec))
-            log.warning("the engine actor restarted, on %s", ", ".join(f"{n} v{w.version}" for n, w in start.items()))
+        # restarted: not on `start`, which the run may have moved past
+        start = come_back(start, lambda: start_weights(spec, follower_of(spec)), _announce)
+        self.restarted = restarted()
         self.services = {name: _service(w, spec) for name, w in start.items()}
         self._link = Link(self.services)
         self._lag = LoopLag()  # how late this loop (beside the engine's thread, under one GIL) runs what is ready
@@ -127,8 +121,8 @@ class EngineActor:
         return await self._link.address(node_id == ray.get_runtime_context().get_node_id())
 
     async def load(self, name: str, weights: Weights) -> int:
-        """Loads `weights` unless the model serves them or newer ones already (a shared engine hears of each version
-        from every replica, in any order); returns the version it serves."""
+        """Loads `weights` unless the model serves them or newer ones already (it hears of each version from every
+        replica, in any order); returns the version it serves."""
         service = self.services[name]
         async with self._loading[name]:
             if weights.version > service.version():
@@ -143,13 +137,13 @@ class EngineActor:
                 "in_flight": len(self._link.tasks), **self._link.timing, **self._lag.stats()}
 
 
-class ActorEngine:
-    """One model of the replica's `EngineActor`, reached through the replica's one `Channel` to it."""
+class SharedEngine:
+    """One model of the endpoint's `EngineActor`, reached through the replica's one `Channel` to it."""
 
     def __init__(self, actor: "ray.actor.ActorHandle", channel: Channel, name: str, weights: Weights):
         self.actor, self.channel, self.name = actor, channel, name
         self.tokenizer = load_tokenizer(weights.path)
-        # the version it serves: what this replica loaded, or (shared) what any replica's requests were answered on
+        # the version it serves for every replica: raised by the versions this replica's replies name and loads
         self.max_context, self.version = ray.get(actor.describe.remote(name))
 
     async def complete(self, request: GenerationRequest) -> GenerationOutput:
@@ -175,47 +169,34 @@ class ActorEngine:
         return {**await self.actor.stats.remote(self.name), **self.channel.timing}
 
 
-def _up(actor: "ray.actor.ActorHandle", spec: EndpointSpec, whose: str) -> None:
-    c = spec.serve
-    try:  # an actor the cluster has no room for stays pending: the replica would wait on it for ever
-        ray.get(actor.__ray_ready__.remote(), timeout=ENGINE_START_S)
-    except ray.exceptions.GetTimeoutError:
-        ray.kill(actor)
-        raise RuntimeError(f"serve.engine_layout {c.engine_layout}: {whose} engine actor was not up after "
-                           f"{ENGINE_START_S:.0f} s; it asks for {c.replica_cpus:g} CPU and {c.replica_gpus:g} GPU "
-                           "(serve.replica_cpus, replica_gpus): is there room for it on the cluster?") from None
-
-
-def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, LocalEngine | ActorEngine]:
-    """Each model's engine, on the weights `start` names for it, in the layout the spec asks for (shared: the
-    endpoint's engine actor, on whatever weights it serves now)."""
-    c = spec.serve
-    if c.engine_layout == "replica":
+def start_engines(start: dict[str, Weights], spec: EndpointSpec) -> dict[str, LocalEngine | SharedEngine]:
+    """Each model's engine for one replica, by the spec's preset: in this process on the weights `start` names
+    (cpu), or the endpoint's engine actor on whatever weights it serves now (gpu)."""
+    if spec.serve.preset == "cpu":
         _threads(spec)
         return {name: LocalEngine(w, spec) for name, w in start.items()}
-    if c.engine_layout == "shared":
-        actor = ray.get_actor(SHARED_NAME, namespace=SHARED_NAMESPACE)
-    else:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        # on the replica's node: the hop stays local, and the checkpoints the replica reads are there too
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        actor = EngineActor.options(num_cpus=c.replica_cpus, num_gpus=c.replica_gpus, max_restarts=RESTARTS,
-                                    scheduling_strategy=here).remote(start, spec)
-        _up(actor, spec, "the replica's")
+    actor = ray.get_actor(SHARED_NAME, namespace=SHARED_NAMESPACE)
     channel = Channel(actor)
-    return {name: ActorEngine(actor, channel, name, w) for name, w in start.items()}
+    return {name: SharedEngine(actor, channel, name, w) for name, w in start.items()}
 
 
 def start_shared(start: dict[str, Weights], spec: EndpointSpec) -> None:
-    """The shared layout's engine actor, on the weights `start` names, before any replica looks for it; one left by
-    an earlier endpoint (its driver killed before `undeploy`) is ended first."""
+    """Preset gpu's engine actor, on the weights `start` names, before any replica looks for it; one left by an
+    earlier endpoint (its driver killed before `undeploy`) is ended first. An actor the cluster has no room for
+    stays pending, and the replicas would wait on it for ever: after ENGINE_START_S it is an error naming what it
+    asks for."""
     stop_shared()
     c = spec.serve
     actor = EngineActor.options(name=SHARED_NAME, namespace=SHARED_NAMESPACE, lifetime="detached",
-                                max_restarts=RESTARTS, num_cpus=c.replica_cpus,
-                                num_gpus=c.replica_gpus).remote(start, spec)
-    _up(actor, spec, "the endpoint's shared")
+                                max_restarts=RESTARTS, num_cpus=c.engine_cpus,
+                                num_gpus=c.gpus_per_engine).remote(start, spec)
+    try:
+        ray.get(actor.__ray_ready__.remote(), timeout=ENGINE_START_S)
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(actor)
+        raise RuntimeError(f"serve.preset gpu: the endpoint's engine actor was not up after {ENGINE_START_S:.0f} s; "
+                           f"it asks for {c.engine_cpus:g} CPU and {c.gpus_per_engine:g} GPU (serve.engine_cpus, "
+                           "engine_gpus): is there room for it on the cluster?") from None
 
 
 def stop_shared(timeout_s: float = 30.0) -> None:

@@ -16,16 +16,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from whale_ray.archive import Archive, ArchiveError
+from whale_ray.policy.restart import Weights, recorded
 from whale_ray.run_state import RunState
 
 if TYPE_CHECKING:
     from whale_ray.serve.spec import EndpointSpec
-
-
-@dataclass(frozen=True)
-class Weights:
-    version: int
-    path: str  # a checkpoint directory on record, or the base model for version 0 / a base-model best
 
 
 @dataclass(frozen=True)
@@ -38,12 +33,11 @@ class RunView:
 def view_of(state: RunState | None, run_dir: Path, base_model: str) -> RunView:
     if state is None:  # the run has not written its first state yet
         return RunView(Weights(0, base_model), Weights(0, base_model), "h0")
-    latest = Weights(state.weight_version, str(run_dir / state.checkpoint) if state.checkpoint else base_model)
+    latest = recorded(run_dir, state.weight_version, state.checkpoint, base_model)
     if state.best is None:
         return RunView(latest, latest, state.accepted_harness)
     b = state.best
-    best = Weights(b.weight_version, str(run_dir / b.checkpoint) if b.checkpoint else base_model)
-    return RunView(latest, best, b.harness_id)
+    return RunView(latest, recorded(run_dir, b.weight_version, b.checkpoint, base_model), b.harness_id)
 
 
 class RunFollower:

@@ -1,8 +1,8 @@
 """One replica of the endpoint, without Serve: its models, how it follows a run, admission, and the completions.
 
-Each served model is a `PolicyService` (whale_ray/policy/serving.py) in the replica's process or in an actor of
-its own (whale_ray/serve/engines.py, `serve.engine_layout`), so the requests in flight on a replica share the
-engine's running batch as the run's PolicyServer's do.
+Each served model is a `PolicyService` (whale_ray/policy/serving.py) in the replica's process or in the endpoint's
+engine actor (whale_ray/serve/engines.py, `serve.preset`), so the requests in flight share the engine's running
+batch as the run's PolicyServer's do.
 
 Weight swaps: a new version is loaded with `PolicyService.load_weights`, which waits for the requests in
 flight to finish. So **a request in flight finishes on the weights it started with** (all its tokens come from
@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from whale_ray.policy.engine import GenerationOutput, GenerationRequest, decode_completion, encode_prompts
+from whale_ray.policy.restart import Weights
 from whale_ray.records import ModelCall, SamplingParams
 from whale_ray.serve import openai_api as api
 from whale_ray.serve import tools
 from whale_ray.serve.agent import AgentRequest, AgentRunner
 from whale_ray.serve.channel import EngineLost
-from whale_ray.serve.engines import ActorEngine, LocalEngine, start_engines
-from whale_ray.serve.follow import Weights, follower_of, start_weights, wanted
+from whale_ray.serve.engines import LocalEngine, SharedEngine, start_engines
+from whale_ray.serve.follow import follower_of, start_weights, wanted
 from whale_ray.serve.openai_api import ApiError, ChatRequest, CompletionRequest
 from whale_ray.serve.spec import EndpointSpec, ModelSource
 
@@ -34,7 +35,7 @@ RETRY_AFTER_S = 1
 
 
 class ServedModel:
-    def __init__(self, source: ModelSource, engine: LocalEngine | ActorEngine):
+    def __init__(self, source: ModelSource, engine: LocalEngine | SharedEngine):
         self.name, self.follow = source.name, source.follow
         self.engine = engine
         self.tokenizer = engine.tokenizer
@@ -45,7 +46,7 @@ class ServedModel:
         return self.engine.version
 
     async def ensure(self, weights: Weights) -> None:
-        if weights.version > self.version:  # versions only go up (shared layout: another replica may be ahead)
+        if weights.version > self.version:  # versions only go up (preset gpu: another replica may be ahead)
             await self.engine.load(weights)
             log.info("%s: weights v%d loaded from %s", self.name, weights.version, weights.path)
 

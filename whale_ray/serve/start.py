@@ -15,8 +15,7 @@ from whale_ray.config import PolicyConfig, ServeConfig, WhaleConfig, load_config
 from whale_ray.policy.checkpoint import check_checkpoint
 from whale_ray.serve.spec import EndpointSpec, for_model, for_run
 
-SERVE_FLAGS = ("host", "port", "replicas", "min_replicas", "max_replicas", "max_concurrent", "api_key_env",
-               "engine_layout", "ingress")
+SERVE_FLAGS = ("preset", "host", "port", "replicas", "min_replicas", "max_replicas", "max_concurrent", "api_key_env")
 
 
 def endpoint_spec(run_dir: Path | None, model: Path | None, domain: str, harness: Path | None,

@@ -1,10 +1,10 @@
-"""serve.engine_layout, serve.ingress and serve.access_log (whale_ray/serve/engines.py, app.py), on a real Serve app
-on a local Ray cluster with the real `openai` client: with the engine in the replica's process and in an actor of
-its own, and with requests through Serve's proxy or straight to the replica (direct ingress, past Serve's proxy), the
-endpoint answers (whole and streamed) what the engine in process answers; /health names the two processes;
-bad input is still an OpenAI error object; Serve's access log is written only when asked for.
-(tests/serve/test_serve.py runs the rest of the contract on the default layout, replica; the actor layout passed it
-too when it was the default, commit 7c2791e.)"""
+"""serve.preset (whale_ray/serve/engines.py, app.py), on a real Serve app on a local Ray cluster with the real `openai`
+client: with the engine in the replica's process behind Serve's proxy (cpu) and in one engine actor behind Serve's
+HAProxy (gpu, its engine on the CPU here), the endpoint answers (whole and streamed) what the engine in process
+answers; /health names the processes; bad input is still an OpenAI error object; the handlers run on Serve's main
+loop and Serve's access log stays off. The gpu preset's engine actor: shared by every replica, loading each version
+once, an error when the cluster cannot place it, and back on the run's latest weights when Ray restarts it.
+(tests/serve/test_serve.py runs the rest of the contract on the default preset, cpu.)"""
 
 from __future__ import annotations
 
@@ -31,18 +31,15 @@ def in_process(policy: str, messages=None, prompt=None, **sampling) -> str:
     return engine.generate([GenerationRequest(messages or [], SamplingParams(**sampling), prompt=prompt)])[0].text
 
 
-@pytest.mark.parametrize("layout,ingress,access_log,user_code_thread", [
-    ("replica", "proxy", True, True), ("actor", "proxy", False, False), ("replica", "direct", False, False)])
-def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluster, tiny_policy, layout, ingress,
-                                                                     access_log, user_code_thread):
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+def test_preset_answers_as_in_process(ray_cluster, tiny_policy, preset):
     import httpx2
 
     from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig
     from whale_ray.serve.app import deploy, undeploy
     from whale_ray.serve.spec import for_model
 
-    serve = ServeConfig(port=free_port(), replicas=1, engine_layout=layout, ingress=ingress, access_log=access_log,
-                        user_code_thread=user_code_thread)
+    serve = ServeConfig(port=free_port(), preset=preset, engine_gpus=0)  # gpu: its engine on the CPU here
     spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(device="cpu"),
                      sandbox=SandboxConfig(), serve=serve)
     logs = Path(ray_cluster._private.worker._global_node.get_session_dir_path()) / "logs" / "serve"
@@ -65,72 +62,62 @@ def test_layout_answers_as_in_process_and_logs_access_only_when_asked(ray_cluste
         health = httpx2.get(url.removesuffix("/v1") + "/health", timeout=60).json()
         stats = health["batches"]["whale"]
         engine_pid, replica_pid = stats["pid"], health["pid"]
-        assert (engine_pid == replica_pid) == (layout == "replica")
-        # the handlers on Serve's main loop, or on its loop for user code in a thread of its own
-        assert ("_run_user_code" in health["thread"]) == user_code_thread, health["thread"]
+        assert (engine_pid == replica_pid) == (preset == "cpu")
+        assert "_run_user_code" not in health["thread"], health["thread"]  # the handlers on Serve's main loop
         assert stats["idle_s"] > 0  # the engine waited between the requests above
         assert 0 < stats["busy_s"] < stats["batches"]  # in its steps, each far below a second
         assert health["loop"]["lag_ticks"] > 0  # the handlers' loop's lag is measured (whale_ray/serve/lag.py)
-        if layout == "actor":  # every request crossed the hop, none is left in flight there
+        if preset == "gpu":  # every request crossed the hop, none is left in flight there
             assert stats["submits"] == stats["requests"] == 4 and stats["in_flight"] == 0, stats
             assert stats["lag_ticks"] > 0, stats  # and the engine actor's loop's
         bad = httpx2.post(url + "/chat/completions", content=b"{not json", timeout=60)
         assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error", bad.text
         assert c.chat.completions.create(model="whale", messages=QUESTION, max_tokens=2).choices  # still serving
-        if ingress == "proxy":  # Serve's ingress is fixed while it runs: the other one is refused, naming both
-            other = spec.model_copy(update={"serve": serve.model_copy(update={"ingress": "direct"})})
-            with pytest.raises(RuntimeError, match="ingress direct: Serve is already running .* with ingress proxy"):
-                deploy(other)
+        # Serve's ingress is fixed while it runs: the other preset is refused, naming both
+        other = {"cpu": "gpu", "gpu": "cpu"}[preset]
+        with pytest.raises(RuntimeError, match=f"preset {other}: Serve is already running .* for preset {preset}"):
+            deploy(spec.model_copy(update={"serve": serve.model_copy(update={"preset": other})}))
     finally:
         undeploy()
     new = set(logs.glob("replica_*.log")) - before
     assert new, f"no replica log under {logs}"
-    access = [line for f in new for line in f.read_text().splitlines() if "POST /v1/chat/completions" in line]
-    assert bool(access) == access_log, access[:3]
-    # direct: the replica's own HTTP server on the endpoint's port answered (Serve's proxy, if any, is elsewhere)
-    own = [f for f in new if f"Started HTTP server on port {serve.port}" in f.read_text()]
-    assert bool(own) == (ingress == "direct")
+    assert not [line for f in new for line in f.read_text().splitlines() if "POST /v1/chat/completions" in line]
 
 
-def test_whale_serve_engine_layout_and_ingress_flags(tiny_policy):
-    """`whale serve --engine-layout` and `--ingress` reach the spec; a value that is not a layout is one line naming
-    the flag, and direct ingress with more than one replica one line naming both."""
+def test_whale_serve_preset_flag(tiny_policy):
+    """`whale serve --preset` reaches the spec, with the preset's GPUs per engine; a value that is no preset is one
+    line naming the flag."""
     from whale_ray.serve.start import SERVE_FLAGS, endpoint_spec
 
     flags = dict.fromkeys(SERVE_FLAGS)
-    spec = endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "actor"},
+    spec = endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "preset": "gpu"},
                          lambda cfg: tiny_policy)
-    assert spec.serve.engine_layout == "actor" and spec.serve.access_log is False
-    assert endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, flags,
-                         lambda cfg: tiny_policy).serve.engine_layout == "replica"
-    with pytest.raises(ValueError, match="--engine-layout 'gpu'"):
-        endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "engine_layout": "gpu"},
-                      lambda cfg: tiny_policy)
-    direct = {**flags, "ingress": "direct", "port": 8123}
-    assert endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, direct,
-                         lambda cfg: tiny_policy).serve.ingress == "direct"
-    with pytest.raises(ValueError, match="ingress direct serves from one replica on port 8123; got replicas 2"):
-        endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**direct, "replicas": 2},
+    assert (spec.serve.preset, spec.serve.gpus_per_engine) == ("gpu", 1.0)
+    spec = endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, flags, lambda cfg: tiny_policy)
+    assert (spec.serve.preset, spec.serve.gpus_per_engine) == ("cpu", 0.0)
+    with pytest.raises(ValueError, match="--preset 'tpu'"):
+        endpoint_spec(None, Path(tiny_policy), "math_reasoning", None, None, {**flags, "preset": "tpu"},
                       lambda cfg: tiny_policy)
 
 
 def test_an_engine_actor_the_cluster_cannot_place_is_an_error_not_a_hang(ray_cluster, tiny_policy, monkeypatch):
     from whale_ray.config import PolicyConfig, SandboxConfig, ServeConfig
+    from whale_ray.policy.restart import Weights
     from whale_ray.serve import engines
-    from whale_ray.serve.follow import Weights
     from whale_ray.serve.spec import for_model
 
     spec = for_model(tiny_policy, domain="math_reasoning", harness=None, policy=PolicyConfig(), sandbox=SandboxConfig(),
-                     serve=ServeConfig(engine_layout="actor", replica_cpus=64))  # the test cluster has 4
+                     serve=ServeConfig(preset="gpu", engine_cpus=64, engine_gpus=0))  # the test cluster has 4
     monkeypatch.setattr(engines, "ENGINE_START_S", 3.0)
-    with pytest.raises(RuntimeError, match="not up after 3 s; it asks for 64 CPU"):
-        engines.start_engines({"policy": Weights(0, str(tiny_policy))}, spec)
+    with pytest.raises(RuntimeError, match="not up after 3 s; it asks for 64 CPU and 0 GPU"):
+        engines.start_shared({"whale": Weights(0, str(tiny_policy))}, spec)
+    engines.stop_shared()
 
 
 def test_shared_engine_behind_haproxy_serves_every_replica_and_loads_each_version_once(ray_cluster, tiny_policy,
                                                                                       tmp_path):
-    """serve.engine_layout shared with serve.ingress haproxy: two replicas (processes and HTTP servers of their own,
-    behind Serve's HAProxy) feed one engine actor in a third process; each checkpoint landing in the followed run is
+    """serve.preset gpu: two replicas (processes and HTTP servers of their own, behind Serve's HAProxy) feed one
+    engine actor in a third process; each checkpoint landing in the followed run is
     loaded into it once although both replicas see it, every client's versions never go down while it lands, the
     greedy answer after it equals the in-process engine's on those weights, and undeploy ends the engine actor."""
     import asyncio
@@ -146,7 +133,7 @@ def test_shared_engine_behind_haproxy_serves_every_replica_and_loads_each_versio
 
     (tmp_path / "config.yaml").write_text(dump_config(small_config(tmp_path)))
     run = Run(tmp_path, tiny_policy)
-    serve = ServeConfig(port=free_port(), replicas=2, engine_layout="shared", ingress="haproxy", poll_s=0.2)
+    serve = ServeConfig(port=free_port(), replicas=2, preset="gpu", engine_gpus=0, poll_s=0.2)
     url = deploy(for_run_dir(tmp_path, tiny_policy, serve))
     base = url.removesuffix("/v1")
     try:
@@ -195,9 +182,7 @@ def test_shared_engine_behind_haproxy_serves_every_replica_and_loads_each_versio
         ray.get_actor(SHARED_NAME, namespace=SHARED_NAMESPACE)
 
 
-@pytest.mark.parametrize("layout", ["actor", "shared"])
-def test_an_engine_actor_killed_under_load_comes_back_on_the_runs_latest_weights(ray_cluster, tiny_policy, tmp_path,
-                                                                               layout):
+def test_an_engine_actor_killed_under_load_comes_back_on_the_runs_latest_weights(ray_cluster, tiny_policy, tmp_path):
     """The engine actor's process SIGKILLed while 8 clients send requests: each request is answered or gets a 503 with
     Retry-After (nothing else: no 500, no hang), Ray restarts the actor in a new process under the same replica, on
     the run's latest weights (v1, not the v0 it was first started on), every client's versions never go down, and
@@ -215,7 +200,8 @@ def test_an_engine_actor_killed_under_load_comes_back_on_the_runs_latest_weights
 
     (tmp_path / "config.yaml").write_text(dump_config(small_config(tmp_path)))
     run = Run(tmp_path, tiny_policy)
-    url = deploy(for_run_dir(tmp_path, tiny_policy, ServeConfig(port=free_port(), engine_layout=layout, poll_s=0.2)))
+    serve = ServeConfig(port=free_port(), preset="gpu", engine_gpus=0, poll_s=0.2)
+    url = deploy(for_run_dir(tmp_path, tiny_policy, serve))
     base = url.removesuffix("/v1")
     c = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
     ask = dict(model="whale-latest", messages=QUESTION, max_tokens=6)
