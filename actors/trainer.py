@@ -435,6 +435,7 @@ class Trainer:
         """Restore model, optimizer and version from a `save_checkpoint` directory (exact resume)."""
         p = Path(path).resolve()
         _check_checkpoint(p)
+        self._hosted = None  # the weights put so far are another state's
         if self._session is None:  # a new session can start straight from it
             self._broken, self._resume = None, str(p)
             self._start()
