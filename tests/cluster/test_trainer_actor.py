@@ -10,6 +10,7 @@ import ray
 import torch
 
 from actors.trainer import LocalTrainer, StaleTrainer, Trainer
+from tests.helpers import trainer_actor
 from whale_ray.config import WeightPhaseConfig
 
 CFG = WeightPhaseConfig(learning_rate=1e-2, micro_batch=2, sft_epochs_per_step=1, num_workers=1)
@@ -24,11 +25,8 @@ def cluster(ray_cluster):
 
 @pytest.fixture(scope="module")
 def trainer(cluster, tiny_model, tmp_path_factory):
-    t = Trainer.remote(str(tiny_model), CFG, str(tmp_path_factory.mktemp("trainer")))
-    try:
+    with trainer_actor(tiny_model, CFG, tmp_path_factory.mktemp("trainer")) as t:
         yield t
-    finally:
-        ray.get(t.shutdown.remote())
 
 
 def _weights(trainer, version: int | None = None) -> dict[str, torch.Tensor]:

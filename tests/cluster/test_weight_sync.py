@@ -13,6 +13,7 @@ import ray
 import torch
 
 from actors.weight_sync import CudaIpcSync, ObjectStoreSync
+from tests.helpers import trainer_actor
 from whale_ray.config import WeightPhaseConfig
 from whale_ray.events import read_events
 from whale_ray.records import SamplingParams
@@ -25,13 +26,8 @@ EXAMPLES = [([3, 4, 5, 6, 7, 8], [9, 10, 11, 12, 13, 14])] * 4
 
 @pytest.fixture(scope="module")
 def trainer(ray_cluster, tiny_policy, tmp_path_factory):
-    from actors.trainer import Trainer
-
-    t = Trainer.remote(tiny_policy, CFG, str(tmp_path_factory.mktemp("sync-trainer")))
-    try:
+    with trainer_actor(tiny_policy, CFG, tmp_path_factory.mktemp("sync-trainer")) as t:
         yield t
-    finally:
-        ray.get(t.shutdown.remote())
 
 
 def _server(tiny_policy, restarts: int = 0, events_dir=None):

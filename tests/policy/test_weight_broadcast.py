@@ -13,6 +13,7 @@ import pytest
 import ray
 import torch
 
+from tests.helpers import trainer_actor
 from whale_ray.config import WeightBroadcastConfig, WeightPhaseConfig
 from whale_ray.policy.weight_broadcast import GroupSpec, Receiver, Sender, WeightBroadcastError, plan
 from whale_ray.records import SamplingParams
@@ -82,13 +83,8 @@ def test_gloo_broadcast_is_bit_for_bit_and_a_missing_member_is_named_within_the_
 # -------------------------------------------------------------------------------------- Trainer and replicas
 @pytest.fixture(scope="module")
 def trainer(ray_cluster, tiny_policy, tmp_path_factory):
-    from actors.trainer import Trainer
-
-    t = Trainer.remote(tiny_policy, CFG, str(tmp_path_factory.mktemp("bcast-trainer")))
-    try:
+    with trainer_actor(tiny_policy, CFG, tmp_path_factory.mktemp("bcast-trainer")) as t:
         yield t
-    finally:
-        ray.get(t.shutdown.remote())
 
 
 def _replica(tiny_policy, restarts: int = 0):
