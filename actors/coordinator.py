@@ -1,16 +1,16 @@
 """Coordinator: starts the run's long-lived actors and hosts the WHALE loop (whale_ray.loop) over them.
 
 The loop is library code handed its roles; here each role is a Ray actor behind a thin adapter that waits
-for results, except for weights, which travel from the Trainer to the PolicyServer as an object ref (or, with
-`weight.weight_sync: broadcast`, from the Trainer's rank 0 to every replica over a group of their own:
-actors/weight_broadcaster.py). With `policy.replicas` > 1 the policy role is every replica at once: each new
-version is loaded by all of them before the loop goes on, and every evaluator sends each model call to the
-replica it waits on least.
+for results, except for weights: the loop hands each new version to the run's weight sync, one object per
+`weight.weight_sync` mode that owns both ends of the hand-off, the Trainer's and every PolicyServer replica's
+(actors/weight_sync.py, actors/broadcast_sync.py). Each new version is on every replica before the loop goes
+on, and every evaluator sends each model call to the replica it waits on least.
 
 Faults, in two layers (each written to `<run_dir>/events.jsonl`):
 1. absorbed where they happen: the pool redoes the episodes of a lost evaluator or node and replaces it
    (actors/evaluator_pool.py); Ray restarts the PolicyServer, the Trainer and the Retriever and sends their
-   calls in flight again, and they come back at the latest weights (actors/policy_server.py, trainer.py);
+   calls in flight again, and they come back at the latest weights (a restarted PolicyServer holds its calls
+   until the weight sync, at the pool's next poll, brings it there: actors/policy_server.py; trainer.py);
    the Trainer starts a new Ray Train run after a lost worker and takes the step again.
 2. anything else that kills a role mid-call (restarts used up, a Trainer back at an older version): the
    run goes back to its last commit and goes on in the same launch, with every actor started afresh,
@@ -26,15 +26,16 @@ import logging
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError
+from ray.exceptions import ActorUnavailableError, ObjectLostError, RayActorError
 
+from actors.broadcast_sync import BroadcastSync
 from actors.evaluator_pool import EvaluatorPool
 from actors.harness_proposer import HarnessProposer
 from actors.policy_server import start_policy_servers
 from actors.sandbox_evaluator import PolicyLost
 from actors.start_failure import StartFailure, start_failure
 from actors.trainer import StaleTrainer, Trainer
-from actors.weight_broadcaster import ByBroadcast, WeightBroadcaster
+from actors.weight_sync import CudaIpcSync, ObjectStoreSync
 from whale_ray.config import WhaleConfig
 from whale_ray.domain import get_domain
 from whale_ray.events import EventLog
@@ -49,8 +50,9 @@ from whale_ray.schedules import has_phase
 
 log = logging.getLogger(__name__)
 
-# A role lost mid-call: roll back to the last commit and go on (layer 2 above).
-FAULTS = (RayActorError, ActorUnavailableError, StaleTrainer, PolicyLost, WeightBroadcastError)
+# A role lost mid-call: roll back to the last commit and go on (layer 2 above). ObjectLostError: the weights a
+# Trainer worker put died with it before every server had read them.
+FAULTS = (RayActorError, ActorUnavailableError, ObjectLostError, StaleTrainer, PolicyLost, WeightBroadcastError)
 
 
 class StartFailed(InputError):
@@ -59,45 +61,27 @@ class StartFailed(InputError):
 
 
 class _Remote:
-    """An actor handle as the plain object the loop calls: a method call returns its result, except the
-    methods named in `by_ref`, which return the object ref (so weights go actor to actor, not via here)."""
+    """An actor handle as the plain object the loop calls: a method call returns its result."""
 
-    def __init__(self, handle: "ray.actor.ActorHandle", by_ref: tuple[str, ...] = ()):
-        self.handle, self._by_ref = handle, by_ref
+    def __init__(self, handle: "ray.actor.ActorHandle"):
+        self.handle = handle
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self.handle, name)
-        if name in self._by_ref:
-            return lambda *args, **kwargs: method.remote(*args, **kwargs)
         return lambda *args, **kwargs: ray.get(method.remote(*args, **kwargs))
 
 
-class _BroadcastingTrainer(_Remote):
-    """The trainer role under weight_sync broadcast: `latest_weights(v)` carries no bytes; the policy role's
-    `load_weights` has the Trainer send them (actors/weight_broadcaster.py)."""
-
-    def latest_weights(self, version: int) -> ByBroadcast:
-        return ByBroadcast(version)
-
-
-class _Replicas:
-    """The PolicyServer replicas as one policy role: every call goes to all of them and returns when all are
-    done (a new weight version is on every replica before the next rollouts)."""
-
-    def __init__(self, handles: list["ray.actor.ActorHandle"], broadcaster: WeightBroadcaster | None = None):
-        self.handles, self.broadcaster = handles, broadcaster
-
-    def load_weights(self, weights: Any, version: int) -> int:
-        if isinstance(weights, ByBroadcast):
-            self.broadcaster.load(version)
-            return version
-        return self.__getattr__("load_weights")(weights, version)
-
-    def __getattr__(self, name: str) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            results = ray.get([getattr(h, name).remote(*args, **kwargs) for h in self.handles])
-            return results[0]
-        return call
+def make_weight_sync(cfg: WhaleConfig, trainer: "ray.actor.ActorHandle | None", servers: list["ray.actor.ActorHandle"],
+                     version: int, events: EventLog) -> ObjectStoreSync:
+    """The weight sync of the run's `weight.weight_sync` mode (actors/weight_sync.py), from `version` on."""
+    w, p = cfg.weight, cfg.policy
+    sleeps = p.engine == "vllm" and p.sleep_level > 0
+    mode = w.sync_mode if trainer is not None else "object_store"  # without a Trainer nothing is ever pushed
+    if mode == "broadcast":
+        return BroadcastSync(trainer, servers, version=version, cfg=w.broadcast, use_gpu=w.use_gpu, sleeps=sleeps,
+                             events=events)
+    sync = CudaIpcSync if mode == "cuda_ipc" else ObjectStoreSync
+    return sync(trainer, servers, version=version, sleeps=sleeps)
 
 
 class Coordinator:
@@ -133,11 +117,8 @@ class Coordinator:
                 resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu), events_dir=str(run.root),
                 empty_cache_after_step=p.engine == "vllm" and p.sleep_level > 0)
         self.policies = start_policy_servers(cfg, checkpoint or self.base_model, place, version=state.weight_version,
-                                             weights_from=self.trainer, events_dir=str(run.root), **restarts)
-        self.broadcaster = None
-        if self.trains and cfg.weight.weight_sync == "broadcast":
-            self.broadcaster = WeightBroadcaster(self.trainer, self.policies, cfg.weight.broadcast,
-                                                 use_gpu=cfg.weight.use_gpu, events=self.events)
+                                             events_dir=str(run.root), **restarts)
+        self.sync = make_weight_sync(cfg, self.trainer, self.policies, state.weight_version, self.events)
         self.services = self.domain.start_services(cfg, self.splits, place)
         reserve = {}
         if self.trains:  # an elastic pool leaves the Trainer's workers room to start again in the next phase
@@ -146,16 +127,11 @@ class Coordinator:
         seen = self.pool.known_nodes if self.pool is not None else None
         self.pool = EvaluatorPool(cfg.domain, self.policies, cfg.sandbox, self.services, resources=res.evaluator,
                                   placement=place, events=self.events, reserve=reserve, poll_s=cfg.faults.poll_s,
-                                  nodes=seen)
+                                  nodes=seen, on_poll=self.sync.follow_restarts)
         self.proposer = HarnessProposer.options(**place.options("proposer", res.proposer), max_restarts=0).remote(
             cfg.harness_phase.proposer, self.domain.skill_text, cfg.seed, **proposer_options(cfg.harness_phase))
-        trainer = None
-        if self.broadcaster is not None:
-            trainer = _BroadcastingTrainer(self.trainer)
-        elif self.trainer is not None:
-            trainer = _Remote(self.trainer, by_ref=("latest_weights",))
-        roles = Roles(policy=_Replicas(self.policies, self.broadcaster), pool=self.pool,
-                      proposer=_Remote(self.proposer), trainer=trainer)
+        roles = Roles(pool=self.pool, proposer=_Remote(self.proposer),
+                      trainer=_Remote(self.trainer) if self.trains else None, weights=self.sync if self.trains else None)
         # each actor to wait for, named, with what it was started on (a start failure's line names it)
         starting = [("Trainer", self.trainer, self.base_model)] if self.trainer is not None else []
         starting += [("PolicyServer", h, checkpoint or self.base_model) for h in self.policies]
@@ -252,8 +228,7 @@ class Coordinator:
         for actor in [*self.policies, self.proposer, self.trainer, *self.pool.actors, *self.services.values()]:
             if isinstance(actor, ray.actor.ActorHandle):
                 ray.kill(actor, no_restart=True)
-        if self.broadcaster is not None:
-            self.broadcaster.close()
+        self.sync.close()
 
 
 def start_coordinator(cfg: WhaleConfig, base_model: str) -> "ray.actor.ActorHandle":

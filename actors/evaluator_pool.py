@@ -7,7 +7,9 @@
                         have killed its evaluator) is charged to the episode, at most
                         `sandbox.episode_retries` times; a loss with its node is not (nodes may keep leaving)
     every `faults.poll_s` ──► a fixed pool replaces lost evaluators; an elastic one (`evaluators: auto` or
-                        {min, max}) adds evaluators on every node with free resources, new nodes included
+                        {min, max}) adds evaluators on every node with free resources, new nodes included;
+                        and `on_poll` runs (the Coordinator's: the weight sync brings a PolicyServer
+                        restarted by Ray to the weights on record, actors/weight_sync.py)
     several PolicyServer replicas (policy.replicas) ──► every evaluator is given them all and sends each model
                         call to the one it has the fewest calls waiting on (actors/sandbox_evaluator.py)
 
@@ -79,18 +81,21 @@ class EvaluatorPool:
     def __init__(self, domain: str, policy: "ray.actor.ActorHandle | list[ray.actor.ActorHandle]",
                  sandbox: SandboxConfig, services: dict[str, Any] | None = None, *,
                  resources: RoleResources | None = None, placement: Placement | None = None, events: EventLog | None = None,
-                 reserve: dict[str, float] | None = None, poll_s: float = 1.0, nodes: set[str] | None = None):
+                 reserve: dict[str, float] | None = None, poll_s: float = 1.0, nodes: set[str] | None = None,
+                 on_poll: Callable[[], None] | None = None):
         """`policy`: the PolicyServer, or its replicas; `services`: the domain's shared trusted services, given
         to every evaluator; `resources`: one evaluator's (config resources.evaluator); `reserve`: resources an
         elastic pool leaves free for the run's other roles when it grows (the Trainer's workers, which come and
         go between phases); `nodes`: the cluster as an earlier pool of the run last saw it (`known_nodes`), so
-        the nodes that joined or left while the run rolled back are reported too."""
+        the nodes that joined or left while the run rolled back are reported too; `on_poll`: called at every poll
+        while episodes run."""
         self._args = (domain, policy, sandbox, dict(services or {}))
         self._resources = resources or RoleResources(num_cpus=0.25)
         self._placement = placement or Placement()
         self._events = events
         self._reserve = dict(reserve or {})
         self._poll_s = poll_s
+        self._on_poll = on_poll
         self._retries = sandbox.episode_retries
         self.min, self.max, self.elastic = sandbox.pool_bounds()
         if self.elastic and not self._placement.pins_nodes:
@@ -154,6 +159,8 @@ class EvaluatorPool:
         while ph.left:
             if time.monotonic() >= next_poll:
                 self._follow_cluster()
+                if self._on_poll is not None:
+                    self._on_poll()
                 next_poll = time.monotonic() + self._poll_s
             self._dispatch(ph)
             waiting = list(ph.inflight) + [m.ready_ref for m in self._members if m.ready_ref is not None]

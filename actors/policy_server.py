@@ -2,22 +2,16 @@
 
 A Ray actor around `whale_ray.policy.serving.PolicyService`: concurrent requests from many episodes share
 the engine's running batch (continuous batching; policy.batching "pass": one gathered generate pass at a
-time); new weights arrive from
-the Trainer (a CPU state dict by object ref, or CUDA IPC handles of its GPU buckets when it trains on a GPU:
-whale_ray/policy/weight_sync.py) and are loaded in place, without a restart.
-
-With vLLM's sleep mode (policy.sleep_level), the weight phase puts the server to sleep for each Trainer
-step; the step's new weights wake it. A step that trained nothing wakes it with `wake_up`, which at level 2
-(weights dropped) reloads the Trainer's current weights.
+time). It only receives weights: the run's weight sync (actors/weight_sync.py, actors/broadcast_sync.py)
+hands each version in (`load_weights`: a CPU state dict, or CUDA IPC handles of the Trainer's GPU buckets,
+whale_ray/policy/cuda_ipc.py; `receive_weights`: this replica's part of a broadcast) and the engine loads it
+in place, without a restart. With vLLM's sleep mode (policy.sleep_level) the sync puts it to sleep for each
+Trainer step and wakes it (`wake_up`), or loads weights into it, after.
 
 Restarted by Ray after a crash (the Coordinator gives it `max_restarts` and `max_task_retries`, so the
-episodes' calls in flight are sent again), it comes back serving the latest weights, not the ones it was
-first started with: it asks `weights_from` (the run's Trainer) for its version and, if that is newer, its
-weights, before it answers any call.
-
-With `weight.weight_sync: broadcast` the weights come by `receive_weights` instead: this replica's part of a
-broadcast from the Trainer's rank 0 (whale_ray/policy/weight_broadcast.py), received off the event loop so
-that generate calls go on meanwhile.
+episodes' calls in flight are sent again), it comes back on the weights it was first started with and holds
+every generate call until the sync brings it to the weights on record (`restarted` tells the sync; a load or
+`serve` lets the calls through), so that no call is answered by older weights than the run's.
 """
 
 from __future__ import annotations
@@ -38,41 +32,56 @@ from whale_ray.resources import Placement
 @ray.remote
 class PolicyServer:
     def __init__(self, model_path: str, *, engine: str = "transformers", max_batch: int = 64,
-                 batch_wait_ms: float = 5.0, version: int = 0, weights_from: "ray.actor.ActorHandle | None" = None,
-                 events_dir: str | None = None, batching: str = "continuous", **engine_kwargs: Any):
+                 batch_wait_ms: float = 5.0, version: int = 0, events_dir: str | None = None,
+                 batching: str = "continuous", **engine_kwargs: Any):
         self._service = PolicyService(model_path, engine=engine, max_batch=max_batch, batch_wait_ms=batch_wait_ms,
                                       version=version, batching=batching, **engine_kwargs)
-        self._trainer = weights_from
         self._receiver = Receiver()  # weight_sync broadcast: this replica's group with the Trainer's rank 0
-        if ray.get_runtime_context().was_current_actor_reconstructed:
-            self._come_back(weights_from, EventLog(events_dir) if events_dir else None)
+        self._events = EventLog(events_dir) if events_dir else None
+        self._held = ray.get_runtime_context().was_current_actor_reconstructed
+        self._serving: asyncio.Event | None = None  # made on the actor's event loop by the first call that waits
 
-    def _come_back(self, trainer: "ray.actor.ActorHandle | None", events: EventLog | None) -> None:
+    def _release(self) -> None:
+        """A restarted server is on the weights on record now: the held calls go through."""
+        if not self._held:
+            return
+        self._held = False
+        if self._serving is not None:
+            self._serving.set()
         version = self._service.version()
-        if trainer is not None:
-            latest = ray.get(trainer.version.remote())
-            if latest != version:
-                self._service.load_weights_now(ray.get(trainer.latest_weights.remote(latest)), latest)
-                version = latest
-        if events is not None:
-            events.emit("actor_restarted", f"the PolicyServer was restarted by Ray and serves weight version {version}",
-                        actor="PolicyServer", version=version)
+        if self._events is not None:
+            self._events.emit("actor_restarted", f"the PolicyServer was restarted by Ray and serves weight version "
+                              f"{version}", actor="PolicyServer", version=version)
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
+        if self._held:
+            self._serving = self._serving or asyncio.Event()
+            await self._serving.wait()
         return await self._service.generate(messages, sampling)
 
     async def load_weights(self, weights: Any, version: int) -> int:
-        return await self._service.load_weights(weights, version)
+        """Weight `version` (a state dict or `SharedWeights`), in place; returns the version."""
+        loaded = await self._service.load_weights(weights, version)
+        self._release()
+        return loaded
 
     async def receive_weights(self, spec: GroupSpec, rank: int, version: int) -> int:
-        """Take part, as `rank`, in the broadcast of weight `version` (actors/weight_broadcaster.py), then load it as
+        """Take part, as `rank`, in the broadcast of weight `version` (actors/broadcast_sync.py), then load it as
         `load_weights` does; returns the version."""
         state = await asyncio.get_running_loop().run_in_executor(None, self._receiver.receive, spec, rank, version)
-        return await self._service.load_weights(state, version)
+        return await self.load_weights(state, version)
 
     def broadcast_group(self) -> tuple | None:
         """The `GroupSpec.key` of the broadcast group this replica holds (None: none, e.g. restarted by Ray)."""
         return self._receiver.group()
+
+    def restarted(self) -> int | None:
+        """The weight version a server restarted by Ray holds while it holds its calls back; None once it serves."""
+        return self._service.version() if self._held else None
+
+    def serve(self) -> None:
+        """Serve the weights it holds (a restarted server whose start-up weights are the ones on record)."""
+        self._release()
 
     def release_shared_weights(self) -> None:
         """Before the Trainer's workers end: drop the views of their GPU memory (weight.weight_sync cuda_ipc)."""
@@ -81,17 +90,13 @@ class PolicyServer:
     async def sleep(self) -> None:
         await self._service.sleep()
 
-    async def wake_up(self) -> int:
-        """Awake again on the weights it served before it slept; returns the version."""
+    async def wake_up(self) -> bool:
+        """Awake again on the weights it served before it slept; False where a level-2 sleep dropped them (a
+        `load_weights` then wakes it)."""
         if self._service.needs_weights_to_wake():
-            if self._trainer is None:
-                raise RuntimeError("PolicyServer.wake_up: level-2 sleep dropped the weights and no Trainer was "
-                                   "given (weights_from) to reload them from")
-            version = self._service.version()
-            await self._service.load_weights(await self._trainer.latest_weights.remote(version), version)
-        else:
-            await self._service.wake_up()
-        return self._service.version()
+            return False
+        await self._service.wake_up()
+        return True
 
     def version(self) -> int:
         return self._service.version()
@@ -103,7 +108,7 @@ class PolicyServer:
 def start_policy_servers(cfg: WhaleConfig, model_path: str, placement: Placement, *, version: int = 0,
                          **options: Any) -> list["ray.actor.ActorHandle"]:
     """The run's `policy.replicas` PolicyServers on `model_path`, with the config's engine settings; `options`:
-    weights_from, events_dir, and Ray's max_restarts / max_task_retries."""
+    events_dir, and Ray's max_restarts / max_task_retries."""
     p = cfg.policy
     restarts = {k: options.pop(k) for k in ("max_restarts", "max_task_retries") if k in options}
     return [PolicyServer.options(**placement.options("policy_server", cfg.resources.policy_server), **restarts).remote(

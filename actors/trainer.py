@@ -1,31 +1,30 @@
-"""The Trainer actor: online RSFT steps on Ray Train workers, weights out as object refs.
+"""The Trainer actor: online RSFT steps on Ray Train workers.
 
 Design. One `TorchTrainer.fit()` costs seconds of start/stop even with an empty training loop
 (docs/performance.md), far more than an RSFT step on a small model, so the Trainer
 does not run a fit per step. It starts ONE long-lived fit (a "session") the first time it needs the
 workers and keeps it until `release_workers()` or `shutdown()`. The fit runs in a background thread of the
-actor; `train_loop_per_worker` builds an `RSFTLearner` on every worker (DDP through
-`ray.train.torch.prepare_model` when num_workers > 1; gloo on CPU, nccl on GPU) and serves commands:
+actor; each worker builds an `RSFTLearner` (DDP through `ray.train.torch.prepare_model` when num_workers > 1;
+gloo on CPU, nccl on GPU) and serves typed commands (actors/trainer_worker.py):
 
-    Trainer --(one ray.util.queue.Queue per rank: ("train", seq, examples_ref) / save / load / stop)--> workers
-    workers --(one shared outbox Queue: {"rank", "seq", "kind", ...})--> Trainer
+    Trainer --(one ray.util.queue.Queue per rank: Envelope(seq, Train | Host | Broadcast | Save | Load | Stop))--> workers
+    workers --(one shared outbox Queue: Reply(rank, seq, ...))--> Trainer
 
 Every rank answers every command, so a call returns only when all ranks are done. For a step, every rank
-gets the same object ref of the full example list and takes its own shard (see `RSFTLearner`); rank 0
-sends the new weights, which the Trainer serves from `latest_weights()`:
-- by default, and always when training on CPU: rank 0 puts the state dict in the object store and the
-  Trainer materialises it at once (so the weights outlive the worker that made them);
-- `weight.weight_sync: cuda_ipc`, training on a GPU: rank 0 sends the CUDA IPC handles of its parameters
-  themselves (`whale_ray.policy.weight_sync.SharedWeights`, made once per Ray Train run); a PolicyServer on
-  the same host copies from them straight into its engine, one that cannot see that GPU fetches them through
-  the object store once (`host_weights`). The handles are only good while the Ray Train run lives: when it ends
-  (released, failed) the Trainer forgets them, and a `latest_weights` after that starts a new run from the
-  last saved state (that same version).
-- `weight.weight_sync: broadcast`: nothing leaves rank 0 after a step; `broadcast_weights(spec, version)`
-  has it send the weights to the PolicyServer replicas over a group of their own while they receive
-  (actors/weight_broadcaster.py orchestrates; whale_ray/policy/weight_broadcast.py is the group). Only a
-  restarted server or a failed broadcast asks `latest_weights`, which then has rank 0 put them in the object
-  store at that moment.
+gets the same object ref of the full example list and takes its own shard (see `RSFTLearner`). The weights
+leave by the run's weight sync (actors/weight_sync.py), which asks this actor for them:
+- `host_weights(v)`: an object ref of rank 0's CPU state dict, put by rank 0 after each step (weight_sync
+  object_store, and cuda_ipc when training on CPU) or when asked (broadcast, and cuda_ipc's fallback for a
+  server that cannot see the GPU): the weights cross the object store once, and nobody between fetches them.
+  The ref lives as long as rank 0: when the Ray Train run ends the Trainer forgets it, and without a run it
+  puts the state it last saved, when that is the current version (no workers start for it).
+- `shared_weights(v)` (cuda_ipc, training on a GPU): the CUDA IPC handles of rank 0's parameters themselves
+  (`whale_ray.policy.cuda_ipc.SharedWeights`, made once per Ray Train run). They are only good while the Ray
+  Train run lives: when it ends (released, failed) the Trainer forgets them, and a `shared_weights` after that
+  starts a new run from the last saved state (that same version).
+- `broadcast_weights(spec, v)` (broadcast): nothing leaves rank 0 after a step; it sends the weights to the
+  PolicyServer replicas over a group of their own while they receive (actors/broadcast_sync.py orchestrates;
+  whale_ray/policy/weight_broadcast.py is the group).
 
 `release_workers()` saves the full state (model + optimizer) under `checkpoint_dir/live`, ends the fit
 and frees the workers' CPUs/GPUs (e.g. for the harness phase); the next call restarts from that state.
@@ -37,17 +36,15 @@ worker lost mid-step ends the fit: the Trainer starts a new one from its last sa
 the expected version, runs the step again (so no optimizer step is lost or taken twice). The actor itself,
 restarted by Ray, comes back from the last state it saved (`last_state.json` in its checkpoint_dir).
 
-`LocalTrainer` is the same API without Ray (one in-process `RSFTLearner`), for tests and small runs.
+`LocalTrainer` is the same steps without Ray (one in-process `RSFTLearner`), for tests.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import threading
 import time
-import traceback
 import uuid
 from pathlib import Path
 from typing import Any
@@ -55,10 +52,22 @@ from typing import Any
 import ray
 import torch
 
+from actors.trainer_worker import (
+    Broadcast,
+    Command,
+    Envelope,
+    Host,
+    Load,
+    Reply,
+    Save,
+    Stop,
+    Train,
+    train_loop_per_worker,
+)
 from whale_ray.config import WeightPhaseConfig
 from whale_ray.events import EventLog
-from whale_ray.policy.weight_broadcast import GroupSpec, Sender, WeightBroadcastError
-from whale_ray.policy.weight_sync import SharedWeights, Sharer
+from whale_ray.policy.cuda_ipc import SharedWeights
+from whale_ray.policy.weight_broadcast import GroupSpec, WeightBroadcastError
 from whale_ray.resources import ResourcesConfig
 from whale_ray.rsft import STATE_FILE, InvalidExamples, RSFTLearner, SFTExample
 from whale_ray.rsft_defaults import describe_checkpoint, resolve_weight_phase
@@ -100,6 +109,12 @@ def _no_op_metrics(version: int) -> dict[str, Any]:
             "clipped": False, "wall_s": 0.0}
 
 
+def _saved_step(path: Path) -> int | None:
+    """The weight version a Trainer checkpoint holds (None: not one)."""
+    state = path / STATE_FILE
+    return int(json.loads(state.read_text())["step"]) if state.is_file() else None
+
+
 def _check_checkpoint(path: Path) -> None:
     if not (path / STATE_FILE).is_file():
         raise FileNotFoundError(f"{path}: not a Trainer checkpoint (no {STATE_FILE})")
@@ -107,7 +122,7 @@ def _check_checkpoint(path: Path) -> None:
 
 # ------------------------------------------------------------------------------------ without Ray
 class LocalTrainer:
-    """The Trainer's API on one in-process RSFTLearner (no Ray)."""
+    """The Trainer's steps on one in-process RSFTLearner (no Ray); its weights as a state dict."""
 
     def __init__(self, model_path: str, cfg: WeightPhaseConfig, checkpoint_dir: str, *, seed: int = 0,
                  device: str | None = None, max_len: int | None = None) -> None:
@@ -124,8 +139,8 @@ class LocalTrainer:
         metrics = self.learner.train_step(_examples(examples))
         return {**metrics, "version": self.learner.step, "wall_s": time.perf_counter() - t0}
 
-    def latest_weights(self, version: int | None = None) -> dict[str, torch.Tensor]:
-        _check_version(self.learner.step, version, "latest_weights")
+    def state_dict(self, version: int | None = None) -> dict[str, torch.Tensor]:
+        _check_version(self.learner.step, version, "state_dict")
         return self.learner.state_dict()
 
     def save_checkpoint(self, path: str, version: int | None = None) -> str:
@@ -141,93 +156,6 @@ class LocalTrainer:
 
     def shutdown(self) -> None:
         pass
-
-
-# ------------------------------------------------------------------------------ Ray Train worker
-def _ddp_kwargs() -> dict[str, Any]:
-    import inspect
-
-    from torch.nn.parallel import DistributedDataParallel
-
-    params = inspect.signature(DistributedDataParallel.__init__).parameters
-    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
-
-
-def train_loop_per_worker(config: dict) -> None:
-    """One Ray Train worker: build the learner, then serve commands from this rank's inbox until "stop"."""
-    import ray.train
-    import ray.train.torch
-
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    inbox, outbox = config["inboxes"][rank], config["outbox"]
-
-    def reply(seq: int, kind: str, **data: Any) -> None:
-        outbox.put({"rank": rank, "seq": seq, "kind": kind, **data})
-
-    sharer = Sharer()  # rank 0: its parameters' IPC handles, made once for this run (weight_sync's docstring)
-
-    def weights_ref() -> Any:
-        if rank != 0 or config.get("weight_sync") == "broadcast":  # broadcast: sent when asked (broadcast_weights)
-            return None
-        if config.get("weight_sync") != "cuda_ipc" or learner.device.type != "cuda":
-            return ray.put(learner.state_dict())
-        return sharer.share(learner.model.state_dict(), learner.step)
-
-    def give_back_cache() -> None:
-        # a sleeping vLLM on this GPU wakes into the memory the step used: hand it back to the driver
-        if config.get("empty_cache") and learner.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    sender = Sender()  # rank 0, weight_sync broadcast: its group with the replicas, kept between versions
-    seq = 0  # the "ready" reply answers command 0
-    try:
-        wrap = None
-        if world > 1:  # no buffer sync in forward: ranks may run different numbers of forward passes per step
-            def wrap(m):
-                return ray.train.torch.prepare_model(m, parallel_strategy_kwargs=_ddp_kwargs())
-        learner = RSFTLearner(config["model_path"], device=ray.train.torch.get_device(), rank=rank,
-                              world_size=world, wrap_model=wrap, **config["learner"])
-        if config.get("resume"):
-            learner.load(config["resume"])
-        reply(seq, "ready", step=learner.step, weights=weights_ref())
-        while True:
-            cmd = inbox.get()
-            kind, seq = cmd[0], cmd[1]
-            if kind == "stop":
-                reply(seq, "stopped")
-                return
-            if kind == "train":
-                try:
-                    metrics = learner.train_step(ray.get(cmd[2]))
-                except InvalidExamples as e:  # every rank checks the same full list before any change
-                    reply(seq, "rejected", error=str(e))
-                    continue
-                weights = weights_ref() if metrics["trained"] else None
-                give_back_cache()
-                reply(seq, "trained", metrics=metrics, weights=weights)
-            elif kind == "host":  # the state dict through the object store, for a server on another host
-                reply(seq, "hosted", weights=ray.put(learner.state_dict()) if rank == 0 else None)
-            elif kind == "broadcast":  # the replicas receive meanwhile; a failed broadcast leaves the run alive
-                error = None
-                if rank == 0:
-                    try:
-                        sender.send(cmd[2], learner.model.state_dict(), learner.step)
-                    except WeightBroadcastError as e:
-                        error = str(e)
-                reply(seq, "sent", error=error)
-            elif kind == "save":
-                if rank == 0:
-                    learner.save(cmd[2])
-                reply(seq, "saved")
-            elif kind == "load":
-                learner.load(cmd[2])
-                reply(seq, "loaded", step=learner.step, weights=weights_ref())
-            else:
-                raise ValueError(f"unknown trainer command {kind!r}")
-    except BaseException as e:
-        reply(seq, "error", error=f"rank {rank}: {e!r}\n{traceback.format_exc()}")
-        raise
 
 
 # ------------------------------------------------------------------------------------ the actor
@@ -263,17 +191,17 @@ class _Session:
         except BaseException as e:  # surfaced to the caller by `collect`
             self.error = e
 
-    def send(self, kind: str, *args: Any) -> int:
+    def send(self, command: Command) -> int:
         self.seq += 1
         for q in self.inboxes:
-            q.put((kind, self.seq, *args))
+            q.put(Envelope(self.seq, command))
         return self.seq
 
-    def collect(self, seq: int, timeout: float | None = None) -> dict:
+    def collect(self, seq: int, timeout: float | None = None) -> Reply:
         """Wait for every rank's reply to command `seq`; return rank 0's. Raises if a worker failed."""
         from ray.util.queue import Empty
 
-        replies: dict[int, dict] = {}
+        replies: dict[int, Reply] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(replies) < self.world:
             try:
@@ -284,18 +212,18 @@ class _Session:
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"no reply from the Ray Train workers within {timeout:.0f}s")
                 continue
-            if msg["kind"] == "error":
-                raise RuntimeError(f"Ray Train worker failed: {msg['error']}")
-            if msg["seq"] == seq:
-                replies[msg["rank"]] = msg
-        if replies[0]["kind"] == "rejected":
-            raise InvalidExamples(replies[0]["error"])
+            if msg.error is not None:
+                raise RuntimeError(f"Ray Train worker failed: {msg.error}")
+            if msg.seq == seq:
+                replies[msg.rank] = msg
+        if replies[0].invalid is not None:
+            raise InvalidExamples(replies[0].invalid)
         return replies[0]
 
     def close(self, timeout: float = 120.0) -> None:
         try:
             if self.thread.is_alive():
-                self.collect(self.send("stop"), timeout=timeout)
+                self.collect(self.send(Stop()), timeout=timeout)
         except Exception as e:  # the run already failed or hangs: nothing more to ask of it
             log.warning("trainer session did not stop cleanly: %s", e)
         self.thread.join(timeout=timeout)
@@ -326,14 +254,13 @@ class Trainer:
             resources.setdefault("GPU", 1)
         self._scaling = ScalingConfig(num_workers=w.num_workers, use_gpu=w.use_gpu, resources_per_worker=resources)
         self._torch_config = TorchConfig(backend="nccl" if w.use_gpu else "gloo")
-        sync = w.weight_sync if w.weight_sync == "broadcast" or w.use_gpu else "object_store"
         self._trainer_cfg = {"model_path": str(Path(model_path).resolve()),
                              "learner": _learner_kwargs(cfg, model_path, seed, max_len),
-                             "weight_sync": sync,
-                             "empty_cache": empty_cache_after_step}
+                             "weight_sync": w.sync_mode, "empty_cache": empty_cache_after_step}
         self._session: _Session | None = None
         self._resume: str | None = None  # where a new session starts from (None: model_path)
-        self._weights: dict[str, torch.Tensor] | SharedWeights | None = None
+        self._hosted: tuple[int, Any] | None = None  # (version, object ref of its CPU state dict)
+        self._shared: SharedWeights | None = None  # rank 0's parameters by CUDA IPC, while its session lives
         self._version = 0
         self._broken: str | None = None
         self._closed = False
@@ -385,26 +312,25 @@ class Trainer:
             self._adopt(ready)
         return self._session
 
-    def _adopt(self, reply: dict) -> None:
-        weights = reply.get("weights")
-        if isinstance(weights, SharedWeights):  # a server that cannot open them asks this actor (host_weights)
-            self._weights = dataclasses.replace(weights, fallback=ray.get_runtime_context().current_actor)
-        elif weights is not None:
-            self._weights = ray.get(weights)  # owned here from now on, not by the worker
-        if "step" in reply:
-            self._version = int(reply["step"])
+    def _adopt(self, reply: Reply) -> None:
+        """The learner's step and rank 0's weights, where the reply carries them."""
+        if reply.step is not None:
+            self._version = int(reply.step)
+        if isinstance(reply.weights, SharedWeights):
+            self._shared = reply.weights
+        elif reply.weights is not None:
+            self._hosted = (self._version, reply.weights)
 
     def _end_session(self) -> _Session | None:
-        """Forget the session; IPC handles into its workers' memory die with it (CPU weights stay)."""
+        """Forget the session, and what lives in its workers' memory: IPC handles, the refs rank 0 put."""
         session, self._session = self._session, None
-        if isinstance(self._weights, SharedWeights):
-            self._weights = None
+        self._hosted = self._shared = None
         return session
 
-    def _call(self, kind: str, *args: Any) -> dict:
+    def _call(self, command: Command) -> Reply:
         session = self._start()
         try:
-            return session.collect(session.send(kind, *args))
+            return session.collect(session.send(command))
         except InvalidExamples:
             raise  # nothing changed on the workers: the session stays usable
         except BaseException as e:
@@ -413,12 +339,12 @@ class Trainer:
             session.close(timeout=30)
             raise
 
-    def _call_again_on_loss(self, kind: str, *args: Any) -> dict:
+    def _call_again_on_loss(self, command: Command) -> Reply:
         """`_call`, and if the Ray Train run fails (a worker lost), a new run from the last saved state and the
         same command once more, provided that state is the version the command was meant for."""
-        version = self._version
+        version, kind = self._version, type(command).__name__
         try:
-            return self._call(kind, *args)
+            return self._call(command)
         except InvalidExamples:
             raise
         except Exception as e:
@@ -426,12 +352,12 @@ class Trainer:
                        f"starting a new one from {self._resume or 'the base model'}", actor="Trainer", error=str(e)[:300])
         self._broken = None
         if self._resume is None:
-            self._weights, self._version = None, 0
+            self._version = 0
         self._start()
         _check_version(self._version, version, f"{kind} after the Ray Train run was restarted")
         self._emit("trainer_workers_restarted", f"a new Ray Train run is up at version {self._version}; "
                    f"running {kind!r} again", actor="Trainer", version=self._version)
-        return self._call(kind, *args)
+        return self._call(command)
 
     # ------------------------------------------------------------------------------- public API
     def train_step(self, examples: list[SFTExample], version: int | None = None) -> dict:
@@ -441,25 +367,38 @@ class Trainer:
         if not examples:
             return _no_op_metrics(self._version)
         t0 = time.perf_counter()
-        ref = ray.put(_examples(examples))
-        reply = self._call_again_on_loss("train", ref)
-        metrics = reply["metrics"]
-        if metrics["trained"]:
-            self._adopt({"weights": reply["weights"], "step": metrics["step"]})
-        return {**metrics, "version": self._version, "wall_s": time.perf_counter() - t0}
+        reply = self._call_again_on_loss(Train(ray.put(_examples(examples))))
+        self._adopt(reply)
+        return {**reply.metrics, "version": self._version, "wall_s": time.perf_counter() - t0}
 
-    def latest_weights(self, version: int | None = None) -> dict[str, torch.Tensor] | SharedWeights:
-        """The newest weights, which must be `version`: a CPU state dict, or `SharedWeights` when training on a
-        GPU (see the module docstring). Pass `trainer.latest_weights.remote(v)` straight on to
-        `PolicyServer.load_weights.remote(ref, v)`; the driver never needs to fetch it."""
-        if self._trainer_cfg["weight_sync"] == "broadcast":  # not kept here between steps: put there when asked
+    def host_weights(self, version: int | None = None) -> list:
+        """[an object ref of the CPU state dict of weight `version`] (see the module docstring): pass the ref
+        straight on to `PolicyServer.load_weights.remote(ref, v)`; nobody between needs to fetch it."""
+        _check_version(self._version, version, "host_weights")
+        if self._hosted is None or self._hosted[0] != self._version:
+            self._hosted = (self._version, self._host())
+        return [self._hosted[1]]
+
+    def _host(self) -> Any:
+        if self._session is None and self._resume is not None and _saved_step(Path(self._resume)) == self._version:
+            from transformers import AutoModelForCausalLM
+
+            saved = AutoModelForCausalLM.from_pretrained(self._resume, dtype=torch.float32)  # the learner's dtype
+            return ray.put(saved.state_dict())
+        self._start()  # a new run's first reply carries them (object_store)
+        if self._hosted is not None and self._hosted[0] == self._version:
+            return self._hosted[1]
+        return self._call(Host()).weights
+
+    def shared_weights(self, version: int) -> SharedWeights:
+        """The CUDA IPC handles of rank 0's parameters at weight `version` (weight_sync cuda_ipc on a GPU)."""
+        if self._shared is None:
             self._start()
-            _check_version(self._version, version, "latest_weights")
-            return ray.get(self._call("host")["weights"])
-        if self._weights is None:
-            self._start()
-        _check_version(self._version, version, "latest_weights")
-        return self._weights
+        _check_version(self._version, version, "shared_weights")
+        if self._shared is None:
+            raise RuntimeError(f"shared_weights: rank 0 shares no CUDA IPC handles under weight_sync "
+                               f"{self._trainer_cfg['weight_sync']!r} (cuda_ipc needs weight.use_gpu)")
+        return self._shared
 
     def broadcast_group(self) -> tuple | None:
         """The `GroupSpec.key` of the broadcast group that rank 0 of the current Ray Train run holds (None: none;
@@ -470,21 +409,15 @@ class Trainer:
 
     def broadcast_weights(self, spec: GroupSpec, version: int) -> None:
         """Rank 0 sends weight `version` to the group of `spec` (building it first if it holds another), while every
-        replica receives (actors/weight_broadcaster.py). Raises `WeightBroadcastError` naming what failed; the Ray
+        replica receives (actors/broadcast_sync.py). Raises `WeightBroadcastError` naming what failed; the Ray
         Train run goes on either way."""
         self._start()
         _check_version(self._version, version, "broadcast_weights")
         self._group = None
-        error = self._call("broadcast", spec)["error"]
+        error = self._call(Broadcast(spec)).send_error
         if error:
             raise WeightBroadcastError(error)
         self._group = (self._session, spec.key)
-
-    def host_weights(self, version: int) -> list:
-        """[an object ref of the CPU state dict of `version`], put there by rank 0: `SharedWeights`' fallback
-        for a server that cannot see the Trainer's GPU (the weights cross the object store once)."""
-        _check_version(self._version, version, "host_weights")
-        return [self._call("host")["weights"]]
 
     def version(self) -> int:
         return self._version
@@ -494,7 +427,7 @@ class Trainer:
         returns the path."""
         _check_version(self._version, version, "save_checkpoint")
         path = str(Path(path).resolve())
-        self._call_again_on_loss("save", path)
+        self._call_again_on_loss(Save(path))
         self._saved(path)
         return path
 
@@ -502,11 +435,12 @@ class Trainer:
         """Restore model, optimizer and version from a `save_checkpoint` directory (exact resume)."""
         p = Path(path).resolve()
         _check_checkpoint(p)
+        self._hosted = None  # the weights put so far are another state's
         if self._session is None:  # a new session can start straight from it
             self._broken, self._resume = None, str(p)
             self._start()
         else:
-            self._adopt(self._call("load", str(p)))
+            self._adopt(self._call(Load(str(p))))
         self._saved(str(p))
 
     def release_workers(self) -> None:
@@ -515,7 +449,7 @@ class Trainer:
         if self._session is None:
             return
         live = str(self.checkpoint_dir / "live")
-        self._call_again_on_loss("save", live)
+        self._call_again_on_loss(Save(live))
         self._saved(live)
         self._end_session().close()
 

@@ -10,7 +10,7 @@ buckets are complete on its GPU, `--rounds` versions each; each received version
 against the sent one once. The reference rate is a plain device-to-device copy of the same bytes, GPU 0 to
 GPU 1 (over NVLink where the GPUs have it), timed in this process first.
 
-What it leaves out: the Ray calls around a broadcast (a few ms: actors/weight_broadcaster.py) and the engine's
+What it leaves out: the Ray calls around a broadcast (a few ms: actors/broadcast_sync.py) and the engine's
 load of the received buffers (vLLM's copy plan: benchmarks/gpu_weight_sync.py measured 5 ms for this model).
 
     python benchmarks/gpu_broadcast.py [--replicas 1,3] [--rounds 5] [--bucket-mb 512] [--dtype float32]

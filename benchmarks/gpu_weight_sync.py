@@ -21,9 +21,10 @@ timeout the driver prints the newest dump of that actor.
 
 Then, each from the driver as the weight phase calls it (the seconds from asking to the server's reply):
   ipc        (above) the Trainer's path when it trains on a GPU; with the server's own split (open / engine);
-  store      today's CPU path in its three hops, each timed: the worker's CPU state dict into the object store,
-             a middle actor (the Trainer actor) that materialises it and returns it, the server's load;
-  fallback   SharedWeights whose GPU the server cannot see (a fake UUID): fetched through the object store once;
+  store      the CPU path (weight_sync object_store) in its two hops, each timed: the worker's CPU state dict
+             into the object store, the server's read of that ref and its load;
+  fallback   SharedWeights whose GPU the server cannot see (a fake UUID), pushed by actors/weight_sync.py's
+             CudaIpcSync: the server answers Unreachable and gets them through the object store once;
   raw        a device-to-device copy of the same bytes in the worker (the floor);
   reload     the engine's own reload from float32 tensors already on its GPU (no transport): by the copy plan it
              recorded at its first load (whale_ray/policy/vllm_reload.py), and by vLLM's reload_weights;
@@ -117,11 +118,12 @@ class FakeTrainerWorker:
         dump_stacks_now_and_then()
         files = sorted(Path(model).glob("*.safetensors"))
         self.state = {k: v.to("cuda", torch.float32) for f in files for k, v in load_file(str(f)).items()}
-        from whale_ray.policy.weight_sync import Sharer
+        from whale_ray.policy.cuda_ipc import Sharer
 
         self.sharer = Sharer()
         self.dst = None
         self.snapshot_s = 0.0
+        self.elsewhere = False  # shared_weights name a GPU no server can see
 
     def pid(self) -> int:
         return os.getpid()
@@ -138,13 +140,18 @@ class FakeTrainerWorker:
             t.add_(torch.randn(t.shape, generator=g, device="cuda", dtype=t.dtype), alpha=1e-3)
         torch.cuda.synchronize()
 
-    def share(self, version: int, uuid: str | None = None, fallback=None):
+    def share(self, version: int):
         t0 = time.perf_counter()
         w = self.sharer.share(self.state, version)  # handles made at the first call; later ones only synchronize
         self.snapshot_s = time.perf_counter() - t0
-        if uuid is not None:  # a server that cannot see this GPU
-            w = dataclasses.replace(w, gpu_uuid=uuid, fallback=fallback)
         return w
+
+    def pretend_elsewhere(self, elsewhere: bool) -> None:
+        self.elsewhere = elsewhere
+
+    def shared_weights(self, version: int):  # the Trainer actor's, as CudaIpcSync asks for them
+        w = self.share(version)
+        return dataclasses.replace(w, gpu_uuid="GPU-not-here") if self.elsewhere else w
 
     def last_snapshot_s(self) -> float:
         return self.snapshot_s
@@ -152,7 +159,7 @@ class FakeTrainerWorker:
     def cpu_state(self) -> dict:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.state.items()}  # RSFTLearner.state_dict
 
-    def host_weights(self, version: int) -> list:  # the Trainer actor's fallback, rank 0's ray.put
+    def host_weights(self, version: int) -> list:  # the Trainer actor's, rank 0's ray.put
         return [ray.put(self.cpu_state())]
 
     def raw_copy(self, repeats: int = 5) -> float:
@@ -186,7 +193,7 @@ class Opener:
 
 def open_and_checksum(w, timeout: float) -> dict:
     """Opens the handles of `w` in this process (bounded) and checksums the distinct tensors."""
-    from whale_ray.policy.weight_sync import materialize
+    from whale_ray.policy.cuda_ipc import materialize
 
     def go():
         t0 = time.perf_counter()
@@ -205,15 +212,6 @@ def _distinct(w) -> list[str]:
     return list(seen.values())
 
 
-@ray.remote(num_cpus=0)
-class Middle:
-    """The Trainer actor of the CPU path: materialises the worker's weights, serves them by return value."""
-
-    def hold(self, weights: dict) -> dict:
-        self.weights = weights
-        return self.weights
-
-
 # -- run inside the PolicyServer's process (server.__ray_call__) -----------------------------------------------
 
 def srv_open(actor_self, w, timeout: float) -> dict:
@@ -221,7 +219,7 @@ def srv_open(actor_self, w, timeout: float) -> dict:
 
 
 def srv_engine_load(actor_self, w, timeout: float) -> dict:
-    from whale_ray.policy.weight_sync import materialize
+    from whale_ray.policy.cuda_ipc import materialize
 
     eng = actor_self._service.engine
 
@@ -344,6 +342,7 @@ def main() -> None:
     ap.add_argument("--ok-file", type=Path, help="written when the IPC path through the PolicyServer worked")
     a = ap.parse_args()
     from actors.policy_server import PolicyServer
+    from actors.weight_sync import CudaIpcSync
     from whale_ray.policy.engine import GenerationRequest
     from whale_ray.records import SamplingParams
 
@@ -359,7 +358,6 @@ def main() -> None:
     print("system:", json.dumps(R["system"]), flush=True)
     base_mib = gpu_used_mib()
     worker = FakeTrainerWorker.remote(model)
-    middle = Middle.remote()
     opener = Opener.remote()
     nbytes = ray.get(worker.nbytes.remote())  # its memory is taken before vLLM profiles the GPU's
     real_get = ray.get
@@ -485,39 +483,33 @@ def main() -> None:
             else:
                 step("reload alone", box, R.setdefault("ladder", {}))
 
-    def wait_for(ref, timeout: float, what: str) -> None:
-        ready, _ = ray.wait([ref], timeout=timeout, fetch_local=False)
-        if not ready:
-            print(f"  {what}: TIMED OUT after {timeout:.0f} s", flush=True)
-            raise TimeoutError(what)
-
     def store_part():
         n = v[0]  # the same version as the last ipc load, through the object store: the same greedy tokens
         S = a.store_timeout
         t0 = time.perf_counter()
-        r1 = worker.cpu_state.remote()
-        wait_for(r1, S, "store hop 1")
+        (ref,) = get(worker.host_weights.remote(n), timeout=S, who="worker")
         t1 = time.perf_counter()
         print(f"  store hop 1, the worker's CPU state dict into the object store: {t1 - t0:.2f} s", flush=True)
-        r2 = middle.hold.remote(r1)
-        wait_for(r2, S, "store hop 2")
-        t2 = time.perf_counter()
-        print(f"  store hop 2, the Trainer actor gets it and returns it: {t2 - t1:.2f} s", flush=True)
-        got = get(server.load_weights.remote(r2, n), "store hop 3, the server gets it and reloads", timeout=S,
+        got = get(server.load_weights.remote(ref, n), "store hop 2, the server reads the ref and reloads", timeout=S,
                   who="server")
-        t3 = time.perf_counter()
+        t2 = time.perf_counter()
         assert got == n
-        del r1, r2
-        R["store"] = [t3 - t0]
-        R["store_hops"] = [t1 - t0, t2 - t1, t3 - t2]
+        del ref
+        R["store"] = [t2 - t0]
+        R["store_hops"] = [t1 - t0, t2 - t1]
         R["store_split"] = get(server.__ray_call__.remote(srv_last_load))
         if "_greedy_ipc" in R:
             R["same_tokens"] = greedy() == R.pop("_greedy_ipc")
         n = next_version()
+        get(worker.pretend_elsewhere.remote(True))
         t0 = time.perf_counter()
-        get(server.load_weights.remote(worker.share.remote(n, uuid="GPU-not-here", fallback=worker), n),
-            "fallback load (object store once)", timeout=S, who="server")
-        R["fallback"] = [time.perf_counter() - t0]
+        box = in_thread(lambda: CudaIpcSync(worker, [server], version=n - 1).push(n), S)
+        seconds = time.perf_counter() - t0
+        get(worker.pretend_elsewhere.remote(False))
+        if "out" not in box:
+            raise RuntimeError(f"fallback push: {box.get('error') or 'hung: ' + box.get('stack', '')}")
+        R["fallback"] = [seconds]
+        print(f"  fallback push (object store once): {R['fallback'][0]:.3f} s", flush=True)
         R["fallback_split"] = get(server.__ray_call__.remote(srv_last_load))
 
     def sleep_part():
@@ -596,7 +588,7 @@ def report(R: dict, nbytes: int) -> None:
         print("| path | seconds (each call) | best | best / raw copy |")
         print("|---|---|---|---|")
         for key, name in (("ipc", "CUDA IPC of the parameters, PolicyServer.load_weights"),
-                          ("store", "object store, 3 hops (the CPU path)"),
+                          ("store", "object store, 2 hops (the CPU path)"),
                           ("fallback", "IPC fallback: object store once"),
                           ("reload", "vLLM reload_weights alone, fp32 on its GPU"),
                           ("reload_plan", "the recorded copy plan alone, fp32 on its GPU"),

@@ -15,9 +15,10 @@ import socket
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow.parquet as pq
 import pytest
@@ -393,3 +394,17 @@ def variant(max_turns: int = 4, prompt: str = "Solve the problem. You can run py
                      flags=re.MULTILINE | re.DOTALL)
     assert changed.count("SYSTEM_PROMPT = ") == 1 and prompt in changed
     return changed
+
+
+@contextmanager
+def trainer_actor(model: str, cfg: Any, checkpoint_dir: Path) -> Iterator[Any]:
+    """A Trainer actor on `model` (a module's fixture shares one); its Ray Train run ends after."""
+    import ray
+
+    from actors.trainer import Trainer
+
+    trainer = Trainer.remote(str(model), cfg, str(checkpoint_dir))
+    try:
+        yield trainer
+    finally:
+        ray.get(trainer.shutdown.remote())

@@ -103,7 +103,7 @@ class PolicyConfig(_Strict):
 
 class WeightBroadcastConfig(_Strict):
     """`weight.weight_sync: broadcast`: the group of the Trainer's rank 0 and the PolicyServer replicas
-    (whale_ray/policy/weight_broadcast.py, actors/weight_broadcaster.py)."""
+    (whale_ray/policy/weight_broadcast.py, actors/broadcast_sync.py)."""
 
     # A member that does not take its part within this fails the broadcast, named; that version then reaches the
     # replicas through the object store and the next one rebuilds the group.
@@ -147,6 +147,11 @@ class WeightPhaseConfig(_Strict):
     @property
     def release_workers_after_phase(self) -> bool:
         return self.use_gpu if self.release_workers is None else self.release_workers
+
+    @property
+    def sync_mode(self) -> str:
+        """The weight_sync in effect: cuda_ipc shares GPU memory, so training on CPU keeps the object store."""
+        return "object_store" if self.weight_sync == "cuda_ipc" and not self.use_gpu else self.weight_sync
 
 
 

@@ -10,6 +10,7 @@ import ray
 import torch
 
 from actors.trainer import LocalTrainer, StaleTrainer, Trainer
+from tests.helpers import trainer_actor
 from whale_ray.config import WeightPhaseConfig
 
 CFG = WeightPhaseConfig(learning_rate=1e-2, micro_batch=2, sft_epochs_per_step=1, num_workers=1)
@@ -24,11 +25,14 @@ def cluster(ray_cluster):
 
 @pytest.fixture(scope="module")
 def trainer(cluster, tiny_model, tmp_path_factory):
-    t = Trainer.remote(str(tiny_model), CFG, str(tmp_path_factory.mktemp("trainer")))
-    try:
+    with trainer_actor(tiny_model, CFG, tmp_path_factory.mktemp("trainer")) as t:
         yield t
-    finally:
-        ray.get(t.shutdown.remote())
+
+
+def _weights(trainer, version: int | None = None) -> dict[str, torch.Tensor]:
+    """The state dict behind the Trainer's object ref (a weight sync hands the ref on unread)."""
+    (ref,) = ray.get(trainer.host_weights.remote(version))
+    return ray.get(ref)
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -38,7 +42,7 @@ def _same(a: dict, b: dict) -> bool:
 def test_train_step_returns_metrics_and_bumps_version(trainer, tiny_model):
     from transformers import AutoModelForCausalLM
 
-    initial = ray.get(trainer.latest_weights.remote())
+    initial = _weights(trainer)
     assert _same(initial, AutoModelForCausalLM.from_pretrained(tiny_model).state_dict())
     v0 = ray.get(trainer.version.remote())
     m = ray.get(trainer.train_step.remote(EXAMPLES))
@@ -49,7 +53,7 @@ def test_train_step_returns_metrics_and_bumps_version(trainer, tiny_model):
     empty = ray.get(trainer.train_step.remote([]))
     assert empty["trained"] is False and empty["version"] == v0 + 1 and empty["n_examples"] == 0
 
-    after = ray.get(trainer.latest_weights.remote())
+    after = _weights(trainer)
     assert not _same(initial, after)
 
 
@@ -79,10 +83,11 @@ def test_new_weights_reach_the_real_policy_server(cluster, tiny_policy, tmp_path
         # train towards another completion of the same prompt, so the greedy reply has to move
         m = ray.get(trainer.train_step.remote([(before.prompt_ids, [before.completion_ids[0]] * 6)] * 4))
         assert m["trained"] and m["version"] == 1
-        assert ray.get(policy.load_weights.remote(trainer.latest_weights.remote(), m["version"])) == 1
+        (ref,) = ray.get(trainer.host_weights.remote(m["version"]))
+        assert ray.get(policy.load_weights.remote(ref, m["version"])) == 1
         after = ray.get(policy.generate.remote(messages, greedy))
         assert after.weight_version == 1 and ray.get(policy.version.remote()) == 1
-        weights = ray.get(trainer.latest_weights.remote())
+        weights = ray.get(ref)
     finally:
         ray.get(trainer.shutdown.remote())
         ray.kill(policy)
@@ -100,42 +105,42 @@ def test_checkpoint_loads_in_transformers_and_resumes_exactly(trainer, tmp_path)
 
     ray.get(trainer.train_step.remote(EXAMPLES))
     path = ray.get(trainer.save_checkpoint.remote(str(tmp_path / "ckpt")))
-    saved = ray.get(trainer.latest_weights.remote())
+    saved = _weights(trainer)
     v = ray.get(trainer.version.remote())
     assert _same(AutoModelForCausalLM.from_pretrained(path).state_dict(), saved)
     assert json.loads((tmp_path / "ckpt" / "tokenizer_config.json").read_text()) == {"marker": "tok"}
 
     m1 = ray.get(trainer.train_step.remote(MORE))
-    w1 = ray.get(trainer.latest_weights.remote())
+    w1 = _weights(trainer)
     ray.get(trainer.train_step.remote(MORE))  # move further away
     ray.get(trainer.load_checkpoint.remote(path))
     assert ray.get(trainer.version.remote()) == v
-    assert _same(ray.get(trainer.latest_weights.remote()), saved)
+    assert _same(_weights(trainer), saved)
     m2 = ray.get(trainer.train_step.remote(MORE))  # the same step again from the same state: same result
     assert m2["version"] == m1["version"] == v + 1 and m2["loss"] == m1["loss"]
-    assert _same(ray.get(trainer.latest_weights.remote()), w1)
+    assert _same(_weights(trainer), w1)
 
 
 def test_a_call_meant_for_another_weight_version_is_refused(trainer, tmp_path):
     """The guard that keeps a Trainer back from an older state (after a fault) from training, saving or
     handing out the wrong weights: every call naming a version it does not hold is refused, nothing changes."""
     v = ray.get(trainer.version.remote())
-    before = ray.get(trainer.latest_weights.remote(v))
-    for call in (trainer.train_step.remote(MORE, v + 1), trainer.latest_weights.remote(v - 1),
+    before = _weights(trainer, v)
+    for call in (trainer.train_step.remote(MORE, v + 1), trainer.host_weights.remote(v - 1),
                  trainer.save_checkpoint.remote(str(tmp_path / "wrong"), v + 3)):
         with pytest.raises(StaleTrainer, match=f"holds weight version {v}"):
             ray.get(call)
     assert ray.get(trainer.version.remote()) == v and not (tmp_path / "wrong").exists()
-    assert _same(ray.get(trainer.latest_weights.remote(v)), before)
+    assert _same(_weights(trainer, v), before)
     m = ray.get(trainer.train_step.remote(MORE, v))  # the right version: trains
     assert m["trained"] and m["version"] == v + 1
 
 
 def test_release_workers_then_continue(trainer):
-    before = ray.get(trainer.latest_weights.remote())
+    before = _weights(trainer)
     v = ray.get(trainer.version.remote())
     ray.get(trainer.release_workers.remote())
-    assert _same(ray.get(trainer.latest_weights.remote()), before)  # served without workers
+    assert _same(_weights(trainer), before)  # served without workers
     m = ray.get(trainer.train_step.remote(MORE))  # restarts the Ray Train run from the saved state
     assert m["trained"] and m["version"] == v + 1
 
@@ -149,7 +154,7 @@ def test_two_workers_match_one_process_and_leave_nothing_behind(cluster, tiny_mo
             m, ml = ray.get(ddp.train_step.remote(batch)), local.train_step(batch)
             assert m["version"] == ml["version"] and m["n_tokens"] == ml["n_tokens"]
             assert m["loss"] == pytest.approx(ml["loss"], rel=1e-5)
-            w, wl = ray.get(ddp.latest_weights.remote()), local.latest_weights()
+            w, wl = _weights(ddp), local.state_dict()
             for k in wl:
                 torch.testing.assert_close(w[k], wl[k], atol=1e-4, rtol=1e-4)
     finally:

@@ -1,7 +1,8 @@
 """The WHALE loop (whale_ray.loop) over in-process roles: no Ray, no sandbox, no model; milliseconds a run.
 
 The roles here are small deterministic stand-ins for the actors: an episode "succeeds" by a rule of the
-harness text and the seed, the trainer counts versions, the proposer appends a marker line. What is under
+harness text and the seed, the trainer counts versions, the weight sync records what it is asked, the proposer
+appends a marker line. What is under
 test is the loop's bookkeeping: budgets, counts, selection, the run directory and resume.
 """
 
@@ -58,16 +59,27 @@ class Pool:
         return out
 
 
-class Policy:
+class Weights:
+    """The weight sync: every call in order, as ("push", version) or the method's name."""
+
     def __init__(self):
-        self.loaded: list[tuple[dict, int]] = []
+        self.calls: list = []
 
-    def load_weights(self, weights, version):
-        self.loaded.append((weights, version))
-        return version
+    def before_step(self):
+        self.calls.append("before_step")
 
-    def release_shared_weights(self):
-        pass
+    def push(self, version):
+        self.calls.append(("push", version))
+
+    def resume(self):
+        self.calls.append("resume")
+
+    def release(self):
+        self.calls.append("release")
+
+    @property
+    def pushed(self) -> list[int]:
+        return [c[1] for c in self.calls if isinstance(c, tuple)]
 
 
 class Trainer:
@@ -81,10 +93,6 @@ class Trainer:
             return {"trained": False, "version": self.version, "loss": float("nan")}
         self.version += 1
         return {"trained": True, "version": self.version, "loss": 1.0 / self.version}
-
-    def latest_weights(self, version):
-        assert version == self.version
-        return {"version": self.version}
 
     def save_checkpoint(self, path, version):
         assert version == self.version
@@ -114,10 +122,10 @@ class Proposer:
         return {"proposals": proposals, "session": {"kind": "test", "iteration": iteration, "usage": usage}}
 
 
-def make_loop(cfg, pool=None, trainer=None, policy=None):
+def make_loop(cfg, pool=None, trainer=None):
     domain = get_domain(cfg.domain)
     splits = domain.load_splits(cfg.data, cfg.seed)
-    roles = Roles(policy=policy or Policy(), pool=pool or Pool(), proposer=Proposer(), trainer=trainer or Trainer())
+    roles = Roles(pool=pool or Pool(), proposer=Proposer(), trainer=trainer or Trainer(), weights=Weights())
     return WhaleLoop(cfg, roles, RunDirectory(cfg.run_dir), domain, splits), roles
 
 
@@ -165,7 +173,7 @@ def test_ledger_equals_the_budgets(condition, tmp_path):
     weight, harness = planned_rollouts(cfg)
     assert (state.ledger.weight_rollouts, state.ledger.harness_rollouts) == (weight, harness)
     assert state.weight_version == state.ledger.weight_steps == roles.trainer.version
-    assert [v for _, v in roles.policy.loaded] == list(range(1, state.weight_version + 1))
+    assert roles.weights.pushed == list(range(1, state.weight_version + 1))
     assert state.finished
 
 
@@ -277,13 +285,13 @@ def resumed_trainer(cfg) -> Trainer:
 def test_trainer_workers_are_released_after_each_weight_phase_when_asked(release, expected, tmp_path):
     cfg = small_config(tmp_path / "run", condition="whale", weight__release_workers=release)  # CPU: None is off
     loop, roles = make_loop(cfg)
-    order = []  # the server lets go of the workers' GPU memory before they end (weight_sync's docstring)
-    roles.policy.release_shared_weights = lambda: order.append("policy lets go")
+    order = []  # the servers let go of the workers' GPU memory before they end (cuda_ipc.py's docstring)
+    roles.weights.release = lambda: order.append("sync lets go")
     release = roles.trainer.release_workers
     roles.trainer.release_workers = lambda: (order.append("workers end"), release())
     loop.run()
     assert getattr(roles.trainer, "released", 0) == expected
-    assert order == ["policy lets go", "workers end"] * expected
+    assert order == ["sync lets go", "workers end"] * expected
 
 
 def test_the_report_names_the_runs_k(tmp_path):
@@ -296,40 +304,21 @@ def test_the_report_names_the_runs_k(tmp_path):
     assert "mean@3" in summary and "mean@8" not in summary
 
 
-class SleepyPolicy(Policy):
-    def __init__(self):
-        super().__init__()
-        self.calls: list[str] = []
-
-    def load_weights(self, weights, version):
-        self.calls.append("load")
-        return super().load_weights(weights, version)
-
-    def sleep(self):
-        self.calls.append("sleep")
-
-    def wake_up(self):
-        self.calls.append("wake")
-        return 0
-
-
 class EveryOtherStepTrains(Trainer):
     def train_step(self, examples, version):
         self.steps = getattr(self, "steps", 0) + 1
         return super().train_step(examples if self.steps % 2 else [], version)
 
 
-@pytest.mark.parametrize("level", [0, 2])
-def test_vllm_sleeps_through_each_trainer_step_when_asked(level, tmp_path):
-    """policy.sleep_level > 0: the server sleeps for every train_step and is woken by the new weights, or by
-    wake_up after a step that trained nothing; at 0 the loop never calls either."""
-    cfg = small_config(tmp_path / "run", condition="rsft_only", policy__engine="vllm", policy__sleep_level=level)
-    policy, trainer = SleepyPolicy(), EveryOtherStepTrains()
-    loop, _ = make_loop(cfg, trainer=trainer, policy=policy)
+def test_each_trainer_step_is_framed_by_the_weight_sync(tmp_path):
+    """Before every train_step the sync may take the servers' memory (vLLM's sleep mode); after it, new weights
+    are pushed, or, when the step trained nothing, the servers resume on the weights they had."""
+    cfg = small_config(tmp_path / "run", condition="rsft_only")
+    trainer = EveryOtherStepTrains()
+    loop, roles = make_loop(cfg, trainer=trainer)
     loop.run()
-    if level == 0:
-        assert "sleep" not in policy.calls and "wake" not in policy.calls
-        return
-    assert policy.calls.count("sleep") == trainer.steps >= 2
-    pairs = ["".join(policy.calls[i:i + 2]) for i in range(0, len(policy.calls), 2)]
-    assert set(pairs) == {"sleepload", "sleepwake"}  # each sleep ends at once, one way or the other
+    calls, expected, version = roles.weights.calls, [], 0
+    for examples in trainer.examples:  # what each step was given: it trained where there were some
+        version += bool(examples)
+        expected += ["before_step", ("push", version) if examples else "resume"]
+    assert calls == expected and "resume" in calls and version >= 1

@@ -763,13 +763,13 @@ def test_load_policy_bad_paths(tmp_path, built):
 
 def test_shared_weights_refuse_what_they_cannot_serve():
     """weight_sync cuda_ipc's bad inputs, on any machine: a state dict not on one CUDA device, shared weights of
-    another version, and ones on a GPU this process cannot see with no fallback to fetch them from."""
-    from whale_ray.policy.weight_sync import SharedWeights, Sharer, materialize
+    another version, and ones on a GPU this process cannot see (`Unreachable`: the sync sends them another way)."""
+    from whale_ray.policy.cuda_ipc import SharedWeights, Sharer, Unreachable, materialize
 
     with pytest.raises(ValueError, match=r"one CUDA device, got \['cpu'\]"):
         Sharer().share({"model.norm.weight": torch.zeros(4)}, 1)
     elsewhere = SharedWeights(3, "GPU-not-here", "key", (), 0)
     with pytest.raises(ValueError, match="version 3, not 4"):
         materialize(elsewhere, 4)
-    with pytest.raises(ValueError, match="GPU-not-here, which this process cannot see, and they name no fallback"):
+    with pytest.raises(Unreachable, match="GPU-not-here, which this process cannot see"):
         materialize(elsewhere, 3)

@@ -318,7 +318,7 @@ def test_a_long_completion_never_holds_back_a_short_one(engines, policy, tmp_pat
 
 READER = """
 import json, pickle, sys, torch
-from whale_ray.policy.weight_sync import SharedReader, materialize
+from whale_ray.policy.cuda_ipc import SharedReader, materialize
 reader = SharedReader()
 for path in sys.stdin:
     w = pickle.load(open(path.strip(), 'rb'))
@@ -329,7 +329,7 @@ for path in sys.stdin:
 
 
 def test_shared_weights_are_read_in_another_process_and_follow_each_version(tmp_path):
-    """CUDA IPC handles of the producer's tensors themselves (whale_ray/policy/weight_sync.py): another process
+    """CUDA IPC handles of the producer's tensors themselves (whale_ray/policy/cuda_ipc.py): another process
     reads exactly the producer's tensors, tied names included; while they stay where they are, each version
     reuses what the reader opened and sees the values written in place since; a tensor that moved gets new
     handles under a new key."""
@@ -337,7 +337,7 @@ def test_shared_weights_are_read_in_another_process_and_follow_each_version(tmp_
     import subprocess
     import sys
 
-    from whale_ray.policy.weight_sync import Sharer, materialize
+    from whale_ray.policy.cuda_ipc import Sharer, materialize
 
     emb = torch.randn(1000, 64, device="cuda")
     state = {"model.embed_tokens.weight": emb, "lm_head.weight": emb,
@@ -409,7 +409,7 @@ PRODUCER = """
 import pickle, sys, torch
 from safetensors.torch import load_file
 from pathlib import Path
-from whale_ray.policy.weight_sync import Sharer
+from whale_ray.policy.cuda_ipc import Sharer
 state = {k: t.to("cuda", torch.float32) * 0.9 for f in sorted(Path(sys.argv[1]).glob("*.safetensors"))
          for k, t in load_file(str(f)).items()}  # a float32 Trainer state, not the checkpoint's weights
 w = Sharer().share(state, int(sys.argv[3]))
@@ -427,7 +427,7 @@ def test_shared_weights_load_into_vllm_like_the_same_weights_sent_directly(engin
     import subprocess
     import sys
 
-    from whale_ray.policy.weight_sync import materialize
+    from whale_ray.policy.cuda_ipc import materialize
 
     v, _ = engines
     reqs = [ask(q, max_tokens=24, temperature=0.0) for q in QUESTIONS]

@@ -13,6 +13,7 @@ import pytest
 import ray
 import torch
 
+from tests.helpers import trainer_actor
 from whale_ray.config import WeightBroadcastConfig, WeightPhaseConfig
 from whale_ray.policy.weight_broadcast import GroupSpec, Receiver, Sender, WeightBroadcastError, plan
 from whale_ray.records import SamplingParams
@@ -82,20 +83,15 @@ def test_gloo_broadcast_is_bit_for_bit_and_a_missing_member_is_named_within_the_
 # -------------------------------------------------------------------------------------- Trainer and replicas
 @pytest.fixture(scope="module")
 def trainer(ray_cluster, tiny_policy, tmp_path_factory):
-    from actors.trainer import Trainer
-
-    t = Trainer.remote(tiny_policy, CFG, str(tmp_path_factory.mktemp("bcast-trainer")))
-    try:
+    with trainer_actor(tiny_policy, CFG, tmp_path_factory.mktemp("bcast-trainer")) as t:
         yield t
-    finally:
-        ray.get(t.shutdown.remote())
 
 
-def _replica(tiny_policy, trainer=None, restarts: int = 0):
+def _replica(tiny_policy, restarts: int = 0):
     from actors.policy_server import PolicyServer
 
     return PolicyServer.options(max_restarts=restarts, max_task_retries=restarts).remote(
-        tiny_policy, engine="transformers", max_batch=4, batch_wait_ms=1.0, device="cpu", weights_from=trainer)
+        tiny_policy, engine="transformers", max_batch=4, batch_wait_ms=1.0, device="cpu")
 
 
 def _served_weights(replica) -> dict[str, torch.Tensor]:
@@ -113,30 +109,37 @@ def _step(trainer, version: int, towards=None) -> int:
     return m["version"]
 
 
-def _broadcaster(trainer, replicas):
-    from actors.weight_broadcaster import WeightBroadcaster
+def _trained(trainer, version: int) -> dict[str, torch.Tensor]:
+    """The Trainer's weights of `version`, through the object store (asked for here only)."""
+    (ref,) = ray.get(trainer.host_weights.remote(version))
+    return ray.get(ref)
 
-    return WeightBroadcaster(trainer, replicas, CFG.broadcast, use_gpu=False)
+
+def _sync(trainer, replicas, cfg=CFG.broadcast, events=None):
+    from actors.broadcast_sync import BroadcastSync
+
+    return BroadcastSync(trainer, replicas, version=ray.get(trainer.version.remote()), cfg=cfg, use_gpu=False,
+                         events=events)
 
 
 def test_both_replicas_get_the_trainers_weights_bit_for_bit_and_serve_as_the_object_stores_path(trainer, tiny_policy):
-    replicas = [_replica(tiny_policy, trainer) for _ in range(2)]
+    replicas = [_replica(tiny_policy) for _ in range(2)]
     reference = _replica(tiny_policy)
     try:
         before = ray.get(replicas[0].generate.remote(MESSAGES, GREEDY))
         v = _step(trainer, ray.get(trainer.version.remote()), towards=before)
-        broadcaster = _broadcaster(trainer, replicas)
-        broadcaster.load(v)
-        assert broadcaster.last["by"] == "broadcast" and broadcaster.generation == 1
+        sync = _sync(trainer, replicas)
+        sync.push(v)
+        assert sync.last["by"] == "broadcast" and sync.generation == 1
         assert ray.get([r.version.remote() for r in replicas]) == [v, v]
-        key = (broadcaster.host, broadcaster.port, 1)
+        key = (sync.host, sync.port, 1)
         assert ray.get([r.broadcast_group.remote() for r in [trainer, *replicas]]) == [key] * 3
 
-        trained = ray.get(trainer.latest_weights.remote(v))  # through the object store, asked for here only
+        trained = _trained(trainer, v)
         for r in replicas:
             served = _served_weights(r)
             assert all(torch.equal(served[k], trained[k]) for k in trained)
-        assert ray.get(reference.load_weights.remote(trainer.latest_weights.remote(v), v)) == v
+        assert ray.get(reference.load_weights.remote(trained, v)) == v
         outs = ray.get([r.generate.remote(MESSAGES, GREEDY) for r in [*replicas, reference]])
         # the step moved the model on this prompt (a tiny policy's greedy reply may not show it; its log-probs do)
         assert outs[0].logprobs != pytest.approx(before.logprobs, abs=1e-3)
@@ -145,9 +148,9 @@ def test_both_replicas_get_the_trainers_weights_bit_for_bit_and_serve_as_the_obj
             assert (out.completion_ids, out.logprobs) == (outs[2].completion_ids, outs[2].logprobs)
 
         v2 = _step(trainer, v)  # the next version goes over the same group
-        broadcaster.load(v2)
-        assert broadcaster.generation == 1 and ray.get([r.version.remote() for r in replicas]) == [v2, v2]
-        trained = ray.get(trainer.latest_weights.remote(v2))
+        sync.push(v2)
+        assert sync.generation == 1 and ray.get([r.version.remote() for r in replicas]) == [v2, v2]
+        trained = _trained(trainer, v2)
         assert all(torch.equal(_served_weights(replicas[1])[k], trained[k]) for k in trained)
     finally:
         for r in [*replicas, reference]:
@@ -155,28 +158,28 @@ def test_both_replicas_get_the_trainers_weights_bit_for_bit_and_serve_as_the_obj
 
 
 def test_a_replica_restarted_by_ray_rejoins_and_one_lost_for_good_is_named_within_the_timeout(trainer, tiny_policy):
-    a, b = (_replica(tiny_policy, trainer, restarts=1) for _ in range(2))
+    a, b = (_replica(tiny_policy, restarts=1) for _ in range(2))
     try:
-        broadcaster = _broadcaster(trainer, [a, b])
+        sync = _sync(trainer, [a, b])
         v = _step(trainer, ray.get(trainer.version.remote()))
-        broadcaster.load(v)
-        ray.kill(b, no_restart=False)  # Ray restarts it: it comes back at version v (asks the Trainer), in no group
+        sync.push(v)
+        ray.kill(b, no_restart=False)  # Ray restarts it: it comes back on its start-up weights, held, in no group
         v = _step(trainer, v)
-        broadcaster.load(v)
-        assert broadcaster.last["by"] == "broadcast" and broadcaster.generation == 2  # rebuilt for it
+        sync.push(v)
+        assert sync.last["by"] == "broadcast" and sync.generation == 2  # rebuilt for it
         assert ray.get([a.version.remote(), b.version.remote()]) == [v, v]
 
         ray.kill(b, no_restart=True)  # lost for good before the next broadcast
         v = _step(trainer, v)
         t0 = time.monotonic()
         with pytest.raises(WeightBroadcastError, match=r"PolicyServer replica 1 \(actor \w+\) is dead"):
-            broadcaster.load(v)
+            sync.push(v)
         assert time.monotonic() - t0 < TIMEOUT_S
 
         # the recovery goes on: the survivor alone (another set of replicas) gets the version over a new group
-        broadcaster.set_replicas([a])
-        broadcaster.load(v)
-        assert broadcaster.last["by"] == "broadcast" and broadcaster.generation == 3
+        sync.servers = [a]
+        sync.push(v)
+        assert sync.last["by"] == "broadcast" and sync.generation == 3
         assert ray.get(a.version.remote()) == v and ray.get(trainer.version.remote()) == v
     finally:
         for r in (a, b):
@@ -190,17 +193,15 @@ def test_a_stalled_replica_is_named_and_that_version_goes_through_the_object_sto
     import os
     import signal
 
-    from actors.weight_broadcaster import WeightBroadcaster
     from whale_ray.events import EventLog
 
-    a, b = _replica(tiny_policy, trainer), _replica(tiny_policy, trainer)
+    a, b = _replica(tiny_policy), _replica(tiny_policy)
     pid = ray.get(b.__ray_call__.remote(lambda self: os.getpid()))
     try:
-        broadcaster = WeightBroadcaster(trainer, [a, b], WeightBroadcastConfig(timeout_s=5.0, bucket_mb=1),
-                                        use_gpu=False, events=EventLog(tmp_path))
+        sync = _sync(trainer, [a, b], WeightBroadcastConfig(timeout_s=5.0, bucket_mb=1), EventLog(tmp_path))
         v = _step(trainer, ray.get(trainer.version.remote()))
         os.kill(pid, signal.SIGSTOP)
-        loading = threading.Thread(target=broadcaster.load, args=(v,))
+        loading = threading.Thread(target=sync.push, args=(v,))
         loading.start()
         events = tmp_path / "events.jsonl"
         deadline = time.monotonic() + 60
@@ -212,13 +213,13 @@ def test_a_stalled_replica_is_named_and_that_version_goes_through_the_object_sto
         (event,) = [json.loads(line) for line in events.read_text().splitlines()]
         assert event["kind"] == "weight_broadcast_failed" and event["version"] == v
         assert event["failures"] == [f"PolicyServer replica 1 (actor {b._actor_id.hex()[:12]}): no answer within 5 s"]
-        assert broadcaster.last["by"] == "object_store"
+        assert sync.last["by"] == "object_store"
         assert ray.get([a.version.remote(), b.version.remote()]) == [v, v]
 
-        broadcaster.cfg = CFG.broadcast  # 5 s was for the stall only: building a group can take longer on a busy host
+        sync.cfg = CFG.broadcast  # 5 s was for the stall only: building a group can take longer on a busy host
         v = _step(trainer, v)
-        broadcaster.load(v)
-        assert broadcaster.last["by"] == "broadcast" and ray.get([a.version.remote(), b.version.remote()]) == [v, v]
+        sync.push(v)
+        assert sync.last["by"] == "broadcast" and ray.get([a.version.remote(), b.version.remote()]) == [v, v]
     finally:
         os.kill(pid, signal.SIGCONT)
         for r in (a, b):
@@ -238,7 +239,7 @@ def test_a_whale_run_with_two_replicas_by_broadcast_serves_every_version(tmp_pat
 
     def on_cycle(row, c=coordinator) -> None:
         served.append(ray.get([h.version.remote() for h in c.policies]))
-        loads.append(dict(c.broadcaster.last))
+        loads.append(dict(c.sync.last))
 
     history = coordinator.run(on_cycle)
     check_condition_run(cfg, history)

@@ -145,11 +145,18 @@ def test_the_loop_and_the_sandbox_import_no_ray() -> None:
 
 
 def test_the_policy_server_and_the_sandbox_layers_keep_their_bounds() -> None:
-    """The PolicyServer only receives weights: nothing it imports reaches the Trainer. The sandbox's frame codec,
-    limits and uid pool sit under the episode and the runner, never above them."""
+    """The PolicyServer only receives weights: nothing it or the policy library imports reaches the Trainer, its
+    workers or the weight syncs that send (actors/weight_sync.py); the loop reaches no actor at all, only the
+    roles it is handed. The sandbox's frame codec, limits and uid pool sit under the episode and the runner,
+    never above them."""
     mods = modules()
     g = import_graph(mods)
-    assert not {m for m in reachable(g, ["actors.policy_server"]) if m.startswith("actors.trainer")}
+    senders = {"actors.trainer", "actors.trainer_worker", "actors.weight_sync", "actors.broadcast_sync",
+               "actors.coordinator"}
+    assert senders <= set(mods)
+    receivers = ["actors.policy_server", *(m for m in mods if m.startswith("whale_ray.policy"))]
+    assert not reachable(g, receivers) & senders
+    assert not {m for m in reachable(g, [m for m in mods if m.startswith("whale_ray.loop")]) if m.startswith("actors")}
     low = ["whale_ray.sandbox.frames", "whale_ray.sandbox.limits", "whale_ray.sandbox.uid_pool"]
     assert all(m in mods for m in low)
     assert not reachable(g, low) & {"whale_ray.sandbox.episode", "whale_ray.sandbox.runner"}

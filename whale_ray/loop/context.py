@@ -1,7 +1,8 @@
 """What the loop is handed: the roles it drives (as plain Python protocols) and the run's shared parts.
 
 The roles are the design card's long-lived actors. The Coordinator actor hands in thin adapters over Ray
-actor handles (actors/coordinator.py); tests hand in in-process objects. The loop never imports Ray.
+actor handles and the run's weight sync (actors/coordinator.py, actors/weight_sync.py); tests hand in
+in-process objects. The loop never imports Ray.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from whale_ray.loop.run_dir import RunDirectory
 from whale_ray.records import EpisodeJob, EpisodeResult, Task
 
 
-class Policy(Protocol):
-    def load_weights(self, weights: Any, version: int) -> int: ...  # wakes a sleeping server
-    def release_shared_weights(self) -> None: ...  # lets go of the Trainer's GPU memory before its workers end
-    # only with policy.sleep_level > 0 (vLLM's sleep mode around each Trainer step):
-    def sleep(self) -> None: ...
-    def wake_up(self) -> int: ...
+class WeightSync(Protocol):
+    """The hand-off of new weights from the Trainer to the PolicyServer(s), both ends of it: one object per
+    weight.weight_sync mode (actors/weight_sync.py). The weight phase calls nothing else for weights."""
+
+    def before_step(self) -> None: ...  # the servers' GPU memory to the Trainer's step (vLLM's sleep mode)
+    def push(self, version: int) -> None: ...  # the Trainer's weight `version` on every server, awake
+    def resume(self) -> None: ...  # every server awake on the weights it had, after a step that trained nothing
+    def release(self) -> None: ...  # the servers let go of the Trainer's memory before its workers end
 
 
 class TrainerRole(Protocol):
@@ -30,7 +33,6 @@ class TrainerRole(Protocol):
     a trainer at another one (back from an older state after a fault) refuses rather than act on it."""
 
     def train_step(self, examples: list[tuple[list[int], list[int]]], version: int) -> dict[str, Any]: ...
-    def latest_weights(self, version: int) -> Any: ...  # opaque to the loop: an object ref on a cluster
     def save_checkpoint(self, path: str, version: int) -> str: ...
     def load_checkpoint(self, path: str) -> None: ...
     def release_workers(self) -> None: ...
@@ -57,10 +59,10 @@ class EpisodePool(Protocol):
 
 @dataclass
 class Roles:
-    policy: Policy
     pool: EpisodePool
     proposer: Proposer
-    trainer: TrainerRole | None = None  # None when the schedule has no weight phase
+    trainer: TrainerRole | None = None  # these two are None when the schedule has no weight phase
+    weights: WeightSync | None = None
 
 
 @dataclass

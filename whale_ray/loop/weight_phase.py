@@ -3,7 +3,8 @@
     until E epochs of D_weight are spent (or, adaptive, the training reward stops improving):
         roll out k samples of the next prompts under the accepted harness
         keep the calls the verifier accepts, fine-tune on their completion tokens
-        push the new weights to the PolicyServer; every `checkpoint_every` steps, checkpoint and commit
+        hand the new weights to the weight sync, which puts them on every PolicyServer;
+        every `checkpoint_every` steps, checkpoint and commit
 
 A step's work goes on record only with a checkpoint, so a relaunch restarts from the last checkpoint and
 redoes the steps after it with the same prompts and seeds: no optimizer step is lost or taken twice.
@@ -61,11 +62,10 @@ def next_prompts(ctx: RunContext, n: int) -> tuple[list[Task], int, int]:
 
 
 def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase) -> None:
-    cfg, state, trainer = ctx.cfg.weight, ctx.run.state, ctx.roles.trainer
+    cfg, state, trainer, sync = ctx.cfg.weight, ctx.run.state, ctx.roles.trainer, ctx.roles.weights
     n_weight = len(ctx.splits.weight)
     budget = max(1, round(phase.budget * n_weight))
     since_checkpoint = 0
-    sleeps = ctx.cfg.policy.engine == "vllm" and ctx.cfg.policy.sleep_level > 0
     while prog.prompts_done < budget:
         if phase.adaptive and weight_phase_should_stop(prog.prompts_done / n_weight, prog.step_rewards, ctx.cfg.adaptive):
             break
@@ -78,16 +78,15 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         ctx.run.write_rollouts(name, "weight", cycle, rollouts)
         examples, sources = training_examples(ctx, rollouts, tasks)
         version_before = state.weight_version
-        if sleeps:
-            ctx.roles.policy.sleep()  # vLLM's memory goes to the Trainer's step (policy.sleep_level)
+        sync.before_step()
         metrics = trainer.train_step(examples, version_before)
         if metrics["trained"]:
             state.weight_version = metrics["version"]
-            ctx.roles.policy.load_weights(trainer.latest_weights(state.weight_version), state.weight_version)
+            sync.push(state.weight_version)
             state.ledger.weight_steps += 1
             since_checkpoint += 1
-        elif sleeps:
-            ctx.roles.policy.wake_up()  # no new weights to wake it
+        else:
+            sync.resume()
         ctx.run.write_train_step(name.removeprefix("weight-"), {
             "cycle": cycle, "step": prog.units_done, "rollout_file": name, "version_before": version_before,
             "version_after": state.weight_version, "examples": sources, "metrics": metrics})
@@ -108,7 +107,7 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         checkpoint(ctx)
     ctx.run.commit()
     if trainer is not None and cfg.release_workers_after_phase:
-        ctx.roles.policy.release_shared_weights()  # views of the workers' GPU memory (weight.weight_sync cuda_ipc)
+        sync.release()
         trainer.release_workers()  # the harness phase needs no trainer: its CPUs/GPUs go back to the cluster
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
+from whale_ray.policy.cuda_ipc import SharedReader, SharedWeights, materialize
 from whale_ray.policy.engine import Engine, GenerationOutput, GenerationRequest, check_request
 from whale_ray.policy.engine_registry import make_engine
-from whale_ray.policy.weight_sync import SharedReader, SharedWeights, materialize
 from whale_ray.records import ModelCall, SamplingParams
 
 
@@ -171,8 +171,8 @@ class PolicyService:
         return await self.engine.agenerate(request)
 
     async def load_weights(self, weights: Any, version: int) -> int:
-        """`weights`: a state dict, or the Trainer's `SharedWeights` (read here, or fetched once through the
-        object store where this process cannot see their GPU)."""
+        """`weights`: a state dict, or the Trainer's `SharedWeights` (read here; `Unreachable` where this process
+        cannot see their GPU)."""
         # Off the event loop: the engine waits for the requests in flight to finish on the old weights.
         await asyncio.get_running_loop().run_in_executor(None, self.load_weights_now, weights, version)
         return self.engine.version
@@ -186,7 +186,7 @@ class PolicyService:
             torch.cuda.synchronize()  # the engine's copies out of the Trainer's parameters end before it steps again
         del state
         # where the time of the last load went (benchmarks/gpu_weight_sync.py reads it): opening the handles (the
-        # first version of a Ray Train run) or fetching the fallback, then the engine's reload
+        # first version of a Ray Train run), then the engine's reload
         self.last_load = {"version": version, "shared": isinstance(weights, SharedWeights),
                           "materialize_s": t1 - t0, "engine_s": time.perf_counter() - t1}
 

@@ -6,7 +6,7 @@ one holds the Trainer's workers only and lives and dies with a Ray Train run). I
 `init_process_group` (which allows one default group per process): a `TCPStore` client and a
 ProcessGroupGloo (training on CPU) or ProcessGroupNCCL (on GPU) constructed directly over a `PrefixStore`
 named by the group's generation. The store's server is hosted by whoever orchestrates the broadcasts
-(actors/weight_broadcaster.py: the Coordinator's process), so its address is known before any member starts
+(actors/broadcast_sync.py: the Coordinator's process), so its address is known before any member starts
 and outlives any member: a rebuilt group is the same store under the next generation's prefix.
 
 One broadcast. Rank 0 packs its parameters into its buckets (one grouped copy), then broadcasts a header

@@ -1,11 +1,11 @@
 """New weights by broadcast (`weight.weight_sync: broadcast`): the Trainer's rank 0 sends while every PolicyServer
 replica receives, the two sides made to meet here.
 
-Where it sits. The loop loads each version with `policy.load_weights(trainer.latest_weights(v), v)`. With
-broadcast the Coordinator's trainer role answers `latest_weights(v)` with `ByBroadcast(v)`, no bytes, and its
-policy role hands that to `WeightBroadcaster.load(v)`: one `broadcast_weights` call on the Trainer actor (its
-rank-0 worker sends) and one `receive_weights` call on every replica, all started at once. The loop reads the
-same for every weight_sync.
+Where it sits. `BroadcastSync` is the weight sync of this mode (actors/weight_sync.py has the interface the loop
+calls, and the other modes): its `push(v)` is one `broadcast_weights` call on the Trainer actor (its rank-0 worker
+sends) and one `receive_weights` call on every replica, all started at once. A server alone (restarted by Ray,
+or woken from a level-2 sleep without weights) gets the weights through the object store, as `ObjectStoreSync`
+sends them.
 
 The group (whale_ray/policy/weight_broadcast.py): Trainer rank 0 is rank 0, replica i is rank i + 1. The
 store's server lives in this object (in the Coordinator's process, on its node's address, `weight.broadcast.port`
@@ -23,7 +23,7 @@ Faults, each bounded by `weight.broadcast.timeout_s`:
   actors, as for any role lost for good).
 - anything else (a member slow to answer, say restarting; a member lost during the broadcast; a collective that
   times out): every failed member is named in a `weight_broadcast_failed` event, that version reaches every
-  replica through the object store instead (the Trainer's `latest_weights`; a replica that is gone by then
+  replica through the object store instead (the Trainer's `host_weights`; a replica that is gone by then
   fails that load as a lost role), and the next version builds a new group.
 The broadcast calls are never retried by Ray: a retried receive on a restarted replica would join a group its
 peers have left.
@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 import ray
 import torch
 
+from actors.weight_sync import ObjectStoreSync
 from whale_ray.config import WeightBroadcastConfig
 from whale_ray.events import EventLog
 from whale_ray.policy.weight_broadcast import GroupSpec, WeightBroadcastError
@@ -45,37 +45,27 @@ from whale_ray.policy.weight_broadcast import GroupSpec, WeightBroadcastError
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ByBroadcast:
-    """The trainer role's `latest_weights(version)` under weight_sync broadcast: the weights are sent by the
-    policy role's `load_weights` (`WeightBroadcaster.load`), not carried."""
+class BroadcastSync(ObjectStoreSync):
+    """Sends each new version from the Trainer's rank 0 to the replicas (see the module docstring); `servers` may be
+    replaced by another set of replicas (one added or lost): the next version builds a group of those."""
 
-    version: int
-
-
-class WeightBroadcaster:
-    """Sends each new version from the Trainer's rank 0 to the replicas (see the module docstring)."""
-
-    def __init__(self, trainer: "ray.actor.ActorHandle", replicas: list["ray.actor.ActorHandle"],
-                 cfg: WeightBroadcastConfig, *, use_gpu: bool, events: EventLog | None = None) -> None:
-        self.trainer, self.replicas, self.cfg, self.events = trainer, list(replicas), cfg, events
+    def __init__(self, trainer: "ray.actor.ActorHandle", servers: list["ray.actor.ActorHandle"], *, version: int,
+                 cfg: WeightBroadcastConfig, use_gpu: bool, sleeps: bool = False, events: EventLog | None = None):
+        super().__init__(trainer, servers, version=version, sleeps=sleeps)
+        self.cfg, self.events = cfg, events
         self.backend = "nccl" if use_gpu else "gloo"
         self.host = ray.util.get_node_ip_address()
         self._store = torch.distributed.TCPStore(self.host, cfg.port, is_master=True, wait_for_workers=False)
         self.port = self._store.port
         self.generation = 0  # of the last group built; 0: none yet
         self._members: list[str] = []  # the actor ids it was built for
-        self.last: dict[str, object] = {}  # the last load: its version, seconds and how it went (broadcast or not)
+        self.last: dict[str, object] = {}  # the last push: its version, seconds and how it went (broadcast or not)
 
     def _names(self) -> list[str]:
         return ["the Trainer's rank 0"] + [f"PolicyServer replica {i} (actor {h._actor_id.hex()[:12]})"
-                                           for i, h in enumerate(self.replicas)]
+                                           for i, h in enumerate(self.servers)]
 
-    def set_replicas(self, replicas: list["ray.actor.ActorHandle"]) -> None:
-        """Another set of replicas (one added or lost): the next version builds a group of these."""
-        self.replicas = list(replicas)
-
-    def load(self, version: int) -> None:
+    def _push(self, version: int) -> None:
         """Weight `version` on every replica, by broadcast, else through the object store (module docstring)."""
         t0 = time.perf_counter()
         failures = self._broadcast(version)
@@ -88,13 +78,12 @@ class WeightBroadcaster:
         if self.events is not None:
             self.events.emit("weight_broadcast_failed", message, version=version, failures=failures)
         log.warning("%s", message)
-        weights = self.trainer.latest_weights.remote(version)
-        ray.get([h.load_weights.remote(weights, version) for h in self.replicas])
+        self._send(version, self.servers)
         self.last = {"version": version, "seconds": time.perf_counter() - t0, "by": "object_store"}
 
     def _broadcast(self, version: int) -> list[str]:
         """The broadcast of `version`; the failed members, named ([] when every replica has it)."""
-        members = [self.trainer, *self.replicas]
+        members = [self.trainer, *self.servers]
         names = self._names()
         held, failures = self._results([m.broadcast_group.remote() for m in members], names, self.cfg.timeout_s,
                                        dead_is_fatal=True)
@@ -109,7 +98,7 @@ class WeightBroadcaster:
                          self.cfg.bucket_mb << 20)
         calls = [self.trainer.broadcast_weights.options(max_task_retries=0).remote(spec, version)]
         calls += [h.receive_weights.options(max_task_retries=0).remote(spec, i + 1, version)
-                  for i, h in enumerate(self.replicas)]
+                  for i, h in enumerate(self.servers)]
         # every member bounds building the group and then the broadcast by timeout_s each
         return self._results(calls, names, 2 * self.cfg.timeout_s + 5)[1]
 

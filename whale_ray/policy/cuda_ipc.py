@@ -10,16 +10,16 @@ host memory, and per version the only copy is the engine's own.
 
 What this asks of the caller, and why it holds in the weight phase: the server reads the Trainer's live
 parameters, so a version must be loaded (the engine's copies finished: `PolicyService.load_weights_now`
-synchronizes) before the Trainer steps again. The loop loads after every step before it trains again, and a
-restarted PolicyServer asks the Trainer actor, whose calls run one at a time, between steps. And the server
-lets go of the Trainer's memory (`SharedReader.close`, the loop's `release_shared_weights`) before the
-Trainer's workers end (`release_workers`): views opened through IPC must not outlive the process that
-exported them (torch's Note [Sharing CUDA tensors]), and a server that kept them would hold a finished run's
-memory mapped for nothing.
+synchronizes) before the Trainer steps again. The weight sync (actors/weight_sync.py's `CudaIpcSync`) loads
+every server after each step before the loop trains again, and brings a restarted server to the weights on
+record between steps. And the server lets go of the Trainer's memory (`SharedReader.close`, the sync's
+`release`) before the Trainer's workers end (`release_workers`): views opened through IPC must not outlive
+the process that exported them (torch's Note [Sharing CUDA tensors]), and a server that kept them would hold
+a finished run's memory mapped for nothing.
 
-A consumer that cannot see that GPU (another host, or a GPU not visible to its process) gets the weights
-through the object store, once: `materialize` asks the `fallback` (the Trainer actor) for an object ref that
-rank 0 put there. CPU training never makes `SharedWeights`: its weights go through the object store.
+A consumer that cannot see that GPU (another host, or a GPU not visible to its process) raises `Unreachable`;
+the sync then sends it the weights through the object store, once (the Trainer's `host_weights`). CPU
+training never makes `SharedWeights`: its weights go through the object store.
 
 What a version costs this way, and against the object store: docs/performance.md (benchmarks/gpu_weight_sync.py).
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -42,7 +41,10 @@ class SharedWeights:
     key: str  # the same for every version of one producer's tensors: a reader keeps what it opened
     handles: tuple[tuple[str, tuple], ...]  # (name, rebuild_cuda_tensor's arguments from reduce_tensor)
     nbytes: int  # bytes of the distinct tensors
-    fallback: Any = None  # an actor with host_weights(version) -> [object ref of a CPU state dict]
+
+
+class Unreachable(ValueError):
+    """The shared weights lie on a GPU this process cannot see: they have to come another way."""
 
 
 def gpu_uuid(index: int) -> str:
@@ -122,21 +124,15 @@ def _open(w: SharedWeights, device: int) -> dict[str, torch.Tensor]:
     return views
 
 
-def materialize(weights: Any, version: int, reader: SharedReader | None = None) -> dict[str, torch.Tensor]:
+def materialize(weights: dict[str, torch.Tensor] | SharedWeights, version: int,
+                reader: SharedReader | None = None) -> dict[str, torch.Tensor]:
     """What an engine's load_weights takes: a state dict as it is, or `SharedWeights` read here through `reader`
-    (same host; a reader of its own if none is given) or else fetched once through the object store from its
-    fallback."""
+    (a reader of its own if none is given); `Unreachable` where this process cannot see their GPU."""
     if not isinstance(weights, SharedWeights):
         return weights
     if weights.version != version:
         raise ValueError(f"load_weights: the shared weights are version {weights.version}, not {version}")
     device = local_device(weights)
-    if device is not None:
-        return (reader or SharedReader()).read(weights, device)
-    if weights.fallback is None:
-        raise ValueError(f"load_weights: the weights lie on GPU {weights.gpu_uuid}, which this process cannot "
-                         "see, and they name no fallback to fetch them from")
-    import ray
-
-    (ref,) = ray.get(weights.fallback.host_weights.remote(version))
-    return ray.get(ref)
+    if device is None:
+        raise Unreachable(f"load_weights: the weights lie on GPU {weights.gpu_uuid}, which this process cannot see")
+    return (reader or SharedReader()).read(weights, device)

@@ -1,0 +1,176 @@
+"""The Trainer's Ray Train workers: the commands they serve and what they answer.
+
+The Trainer actor (actors/trainer.py) puts one `Envelope` per command in every rank's inbox and waits for a
+`Reply` from every rank in the shared outbox. Each command is a dataclass, so what a command carries is
+named where it is made and where it is served:
+
+    Train(examples)   one RSFT step on an object ref of the full example list (each rank takes its shard)
+    Host()            rank 0 puts its CPU state dict in the object store
+    Broadcast(spec)   rank 0 sends its weights to the PolicyServer replicas' group (actors/broadcast_sync.py)
+    Save(path), Load(path), Stop()
+
+Rank 0's weights after a change (the first `Reply`, a step that trained, a `Load`) travel as the sync mode
+carries them (`Worker.weights`): an object ref of the CPU state dict (put here, read by the servers: the
+weights cross the object store once; the ref lives as long as this worker), CUDA IPC handles of its
+parameters (weight_sync cuda_ipc on a GPU: whale_ray/policy/cuda_ipc.py), or nothing (broadcast: sent when
+asked).
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import ray
+import torch
+
+from whale_ray.policy.cuda_ipc import Sharer
+from whale_ray.policy.weight_broadcast import GroupSpec, Sender, WeightBroadcastError
+from whale_ray.rsft import InvalidExamples, RSFTLearner
+
+
+@dataclass(frozen=True)
+class Train:
+    examples: Any  # an object ref of the full list of (prompt_ids, completion_ids)
+
+
+@dataclass(frozen=True)
+class Host:
+    pass
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    spec: GroupSpec
+
+
+@dataclass(frozen=True)
+class Save:
+    path: str
+
+
+@dataclass(frozen=True)
+class Load:
+    path: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+Command = Union[Train, Host, Broadcast, Save, Load, Stop]
+
+
+@dataclass(frozen=True)
+class Envelope:
+    seq: int  # the "ready" reply answers 0, the Trainer's first command is 1
+    command: Command
+
+
+@dataclass(frozen=True)
+class Reply:
+    rank: int
+    seq: int
+    step: int | None = None  # the learner's step after the command
+    weights: Any = None  # rank 0: see the module docstring
+    metrics: dict[str, Any] = field(default_factory=dict)  # Train
+    invalid: str | None = None  # Train: the examples were refused before any change (InvalidExamples)
+    send_error: str | None = None  # Broadcast: the group failed; the Ray Train run goes on
+    error: str | None = None  # the worker failed: the Ray Train run ends
+
+
+def _ddp_kwargs() -> dict[str, Any]:
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+
+
+class Worker:
+    """One rank's learner and what it answers to each command."""
+
+    def __init__(self, config: dict, rank: int, learner: RSFTLearner) -> None:
+        self.rank, self.learner = rank, learner
+        self.mode, self.empty_cache = config["weight_sync"], config["empty_cache"]
+        self.sharer = Sharer()  # rank 0: its parameters' IPC handles, made once for this run (cuda_ipc.py)
+        self.sender = Sender()  # rank 0, weight_sync broadcast: its group with the replicas, kept between versions
+
+    def host(self) -> Any:
+        if self.rank != 0:
+            return None
+        return ray.put(self.learner.state_dict())
+
+    def weights(self) -> Any:
+        if self.rank != 0 or self.mode == "broadcast":
+            return None
+        if self.mode == "cuda_ipc" and self.learner.device.type == "cuda":
+            return self.sharer.share(self.learner.model.state_dict(), self.learner.step)
+        return self.host()
+
+    def serve(self, command: Command) -> dict[str, Any]:
+        """The reply's fields for one command."""
+        learner = self.learner
+        match command:
+            case Train(examples):
+                try:
+                    metrics = learner.train_step(ray.get(examples))
+                except InvalidExamples as e:  # every rank checks the same full list before any change
+                    return {"invalid": str(e)}
+                weights = self.weights() if metrics["trained"] else None
+                if self.empty_cache and learner.device.type == "cuda":
+                    # a sleeping vLLM on this GPU wakes into the memory the step used: hand it back to the driver
+                    torch.cuda.empty_cache()
+                return {"metrics": metrics, "weights": weights, "step": learner.step}
+            case Host():
+                return {"weights": self.host()}
+            case Broadcast(spec):
+                if self.rank == 0:
+                    try:
+                        self.sender.send(spec, learner.model.state_dict(), learner.step)
+                    except WeightBroadcastError as e:
+                        return {"send_error": str(e)}
+                return {}
+            case Save(path):
+                if self.rank == 0:
+                    learner.save(path)
+                return {}
+            case Load(path):
+                learner.load(path)
+                return {"step": learner.step, "weights": self.weights()}
+        raise TypeError(f"the Trainer's workers serve no command {command!r}")
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """One Ray Train worker: build the learner, then serve commands from this rank's inbox until `Stop`."""
+    import ray.train
+    import ray.train.torch
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    inbox, outbox = config["inboxes"][rank], config["outbox"]
+    seq = 0
+    try:
+        wrap = None
+        if world > 1:  # no buffer sync in forward: ranks may run different numbers of forward passes per step
+            def wrap(m):
+                return ray.train.torch.prepare_model(m, parallel_strategy_kwargs=_ddp_kwargs())
+        learner = RSFTLearner(config["model_path"], device=ray.train.torch.get_device(), rank=rank,
+                              world_size=world, wrap_model=wrap, **config["learner"])
+        if config.get("resume"):
+            learner.load(config["resume"])
+        worker = Worker(config, rank, learner)
+        outbox.put(Reply(rank, seq, step=learner.step, weights=worker.weights()))
+        while True:
+            envelope: Envelope = inbox.get()
+            seq = envelope.seq
+            if isinstance(envelope.command, Stop):
+                outbox.put(Reply(rank, seq))
+                return
+            outbox.put(Reply(rank, seq, **worker.serve(envelope.command)))
+    except BaseException as e:
+        outbox.put(Reply(rank, seq, error=f"rank {rank}: {e!r}\n{traceback.format_exc()}"))
+        raise
