@@ -398,7 +398,7 @@ def variant(max_turns: int = 4, prompt: str = "Solve the problem. You can run py
 
 @contextmanager
 def trainer_actor(model: str, cfg: Any, checkpoint_dir: Path) -> Iterator[Any]:
-    """A Trainer actor on `model` (a module's fixture shares one); its Ray Train run ends after."""
+    """A Trainer actor on `model` (a module's fixture shares one); its Ray Train run and the actor end after."""
     import ray
 
     from actors.trainer import Trainer
@@ -408,3 +408,4 @@ def trainer_actor(model: str, cfg: Any, checkpoint_dir: Path) -> Iterator[Any]:
         yield trainer
     finally:
         ray.get(trainer.shutdown.remote())
+        ray.kill(trainer)
