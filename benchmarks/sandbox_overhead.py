@@ -99,12 +99,6 @@ def throughput(slots: int, n: int) -> float:
     return done[0] / (time.perf_counter() - t0)
 
 
-def not_subreaper() -> None:
-    import ctypes
-
-    ctypes.CDLL(None).prctl(36, 0, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER off
-
-
 def one_process(slots: int, n: int, start, out) -> None:
     """A pool member: `n` episodes at `slots` in flight, timed from `start` (all members at once)."""
     become_subreaper()
@@ -172,7 +166,7 @@ def main() -> None:
     print(f"throughput under bwrap, {args.throughput_episodes} episodes per row (threads of one process), episodes/s")
     print("  slots   subreaper   /proc scan   ratio")
     for slots in (1, 4, 16):
-        not_subreaper()
+        become_subreaper(False)
         scan = throughput(slots, args.throughput_episodes)
         become_subreaper()
         reaped = throughput(slots, args.throughput_episodes)

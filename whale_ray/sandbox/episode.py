@@ -128,16 +128,16 @@ def _raised_by_call(e: BaseException) -> bool:
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def become_subreaper() -> bool:
+def become_subreaper(on: bool = True) -> bool:
     """Makes this process the reaper of its orphaned descendants, so that the teardown can reap each
     sandbox's pid-namespace init (see the module docstring, step 4); without it the orphan goes to the
-    host's pid 1, a zombie under the slot's uid until pid 1 gets to it. Process-wide and for good: for
-    processes that run episodes (the SandboxEvaluator actor), not for one whose other children may leave
-    daemons behind. False where prctl refuses."""
+    host's pid 1, a zombie under the slot's uid until pid 1 gets to it. Process-wide: for processes that
+    run episodes (the SandboxEvaluator actor), not for one whose other children may leave daemons behind.
+    `on=False` undoes it (a benchmark compares both). False where prctl refuses."""
     import ctypes
 
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -622,7 +622,11 @@ class Episode:
         """True once the sandbox's pid-namespace init is reaped: by bwrap, or here when it came to this
         process as an orphan (become_subreaper). False when it is someone else's zombie, or still alive."""
         fd = self.inner_pidfd
-        if fd is None or not select.select([fd], [], [], _REAP_TIMEOUT_S)[0]:  # a pidfd reads once it exited
+        if fd is None:
+            return False
+        poller = select.poll()  # as the serve loop: select() refuses descriptors past FD_SETSIZE
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(_REAP_TIMEOUT_S * 1000):  # a pidfd reads once its process exited
             return False
         try:
             os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
