@@ -266,6 +266,7 @@ class Trainer:
         self._closed = False
         self._group: tuple[Any, tuple] | None = None  # (session, GroupSpec.key) of the broadcast group rank 0 holds
         self._events = EventLog(events_dir) if events_dir else None
+        self._start_s = 0.0  # seconds spent starting Ray Train runs that no step has reported yet
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._come_back()
 
@@ -301,6 +302,7 @@ class Trainer:
         if self._broken is not None:
             raise RuntimeError(f"Trainer failed earlier ({self._broken}); call load_checkpoint(path) to resume")
         if self._session is None:
+            t0 = time.perf_counter()
             session = _Session(self._trainer_cfg, self._scaling, self._torch_config,
                                self.checkpoint_dir / "ray_train", self._resume)
             try:
@@ -310,6 +312,7 @@ class Trainer:
                 raise
             self._session = session
             self._adopt(ready)
+            self._start_s += time.perf_counter() - t0
         return self._session
 
     def _adopt(self, reply: Reply) -> None:
@@ -369,7 +372,23 @@ class Trainer:
         t0 = time.perf_counter()
         reply = self._call_again_on_loss(Train(ray.put(_examples(examples))))
         self._adopt(reply)
-        return {**reply.metrics, "version": self._version, "wall_s": time.perf_counter() - t0}
+        started, self._start_s = self._start_s, 0.0
+        return {**reply.metrics, "version": self._version, "wall_s": time.perf_counter() - t0,
+                "workers_start_s": started}
+
+    def start_workers(self) -> float:
+        """Starts the Ray Train run now, if none is up, rather than in the first step that needs it; the seconds it
+        took (0: one was up). A Coordinator calls it without waiting, so the start overlaps the run's first
+        evaluation; a start that fails is raised again by the next call that needs the workers."""
+        if self._session is not None:
+            return 0.0
+        t0 = time.perf_counter()
+        try:
+            self._start()
+        except Exception as e:
+            log.warning("the Ray Train run did not start ahead of the first step: %s", e)
+        self._start_s = 0.0  # spent beside the evaluation, not in a step
+        return time.perf_counter() - t0
 
     def host_weights(self, version: int | None = None) -> list:
         """[an object ref of the CPU state dict of weight `version`] (see the module docstring): pass the ref

@@ -35,18 +35,34 @@ transformers 6.19 / 10.85 (288.2 s). On 2026-12-02, the 1200-step embedded polic
 parameters' own handles): vllm at sleep level 2 13.39 / 42.82 (144.3 s); transformers, the continuous engine,
 6.77 / 7.59 (289.1 s).
 
+Where the time goes (issue 33): each run also prints `whale status --time`'s breakdown (whale_ray/report/timings.py:
+the seconds of every timed act per phase, the episodes' own split into sandbox start, model calls, tools and
+teardown, each cycle's fixed cost), and the GPU's and the cores' busy shares, sampled every --sample-s beside the
+run and matched to the acts' spans by their start times. --settings runs each engine under several settings in
+turn: `kept` (the Trainer's workers stay up across cycles, the default), `released` (ended after every weight
+phase, the default before) and `phase-checkpoint` (kept, the full state saved at each weight phase's end only). --limits adds, in the same invocation, the two ceilings a phase's rollouts/s is held
+to: the sandbox pool alone (a harness that returns at once, one slot per core, benchmarks/sandbox_overhead.py)
+and the engine alone (the first run's weight-phase model calls replayed straight into a PolicyService, as many in
+flight as the run had, each capped at the tokens it generated there); each phase's episodes/s is printed as a
+share of the lower one.
+
     python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --root /tmp/gpu-runs
+    python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --engines vllm --settings kept,released \
+        --weight-sync cuda_ipc --sleep-level 2 --limits
     python benchmarks/gpu_whale_run.py --device cpu --engines transformers --size tiny     # a CPU check
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -54,6 +70,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 # The study: 2 cycles of E=1 epoch of 64 prompts x 8 samples and I=3 harness iterations of 3 candidates on 32
 # tasks; about 1,500 rollouts. `tiny` is a CPU check of this script (tests' SMALL sizes).
@@ -77,6 +94,11 @@ ON_GPU = {"policy": {"device": "cuda", "dtype": "bfloat16", "max_batch": 256, "g
           "resources": {"policy_server": {"num_cpus": 1, "num_gpus": 0.5},
                         "trainer_worker": {"num_cpus": 2, "num_gpus": 0.5}}}
 PHASES = ("weight", "harness", "eval")
+# kept: the default; released: the default before it; phase-checkpoint: kept, and the Trainer's full state saved
+# only at each weight phase's end (weight.checkpoint_every), to show what a cycle's fixed cost is without the
+# per-step checkpoints a relaunch resumes from
+SETTINGS = {"kept": {"weight": {"release_workers": False}}, "released": {"weight": {"release_workers": True}},
+            "phase-checkpoint": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000}}}
 
 
 def merge(a: dict, b: dict) -> dict:
@@ -103,7 +125,6 @@ def study(args: argparse.Namespace) -> dict:
 def seed_harness(kind: str, root: Path) -> Path | None:
     if kind == "h0":
         return None
-    sys.path.insert(0, str(ROOT))
     from tests.run_truth import guessing_math_harness
     from whale_ray.domain import get_domain
 
@@ -112,31 +133,84 @@ def seed_harness(kind: str, root: Path) -> Path | None:
     return path
 
 
-def run_one(engine: str, cfg: dict, root: Path, harness: Path | None, timeout_s: float | None) -> dict:
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores, from /proc/stat's first line."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class Sampler:
+    """The GPU's utilisation (nvidia-smi, None without one) and the cores' busy share (/proc/stat), every `period`
+    seconds in a thread, each sample with its Unix time."""
+
+    def __init__(self, period: float):
+        self.period, self.samples = period, []
+        self._stop = threading.Event()
+        self._smi = shutil.which("nvidia-smi")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _gpu(self) -> float | None:
+        if self._smi is None:
+            return None
+        out = subprocess.run([self._smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True).stdout.split()
+        return float(out[0]) if out else None
+
+    def _run(self) -> None:
+        last = cpu_times()
+        while not self._stop.wait(self.period):
+            now = cpu_times()
+            cpu = 100.0 * (now[0] - last[0]) / max(1, now[1] - last[1])
+            last = now
+            self.samples.append((time.time(), self._gpu(), cpu))
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def busy(samples: list[tuple], spans: list[dict], phases: tuple[str, ...] | None, act: str | None) -> dict:
+    """Mean GPU and CPU busy % over the samples taken inside the matching spans (None: any phase / act)."""
+    chosen = [(s["start"], s["start"] + s["s"]) for s in spans
+              if (phases is None or s["phase"] in phases) and (act is None or s["act"] == act)]
+    inside = [x for x in samples if any(a <= x[0] <= b for a, b in chosen)]
+    gpu = [g for _, g, _ in inside if g is not None]
+    return {"samples": len(inside), "gpu": sum(gpu) / len(gpu) if gpu else None,
+            "cpu": sum(c for *_, c in inside) / len(inside) if inside else None}
+
+
+def run_one(name: str, engine: str, cfg: dict, root: Path, harness: Path | None, timeout_s: float | None,
+            sample_s: float) -> dict:
     """One `whale run` with this engine; its outcome read back from the run directory."""
-    run_dir = root / engine
-    config = root / f"{engine}.yaml"
+    run_dir = root / name
+    config = root / f"{name}.yaml"
     config.write_text(yaml.safe_dump(merge(cfg, {"policy": {"engine": engine}}), sort_keys=False))
-    log = root / f"{engine}.log"
+    log = root / f"{name}.log"
     t0 = time.perf_counter()
     argv = [sys.executable, "-m", "whale_ray.cli", "run", "--config", str(config), "--run-dir", str(run_dir)]
-    with log.open("w") as f:  # its own process group: a run past --run-timeout is ended with its Ray cluster
+    with log.open("w") as f, Sampler(sample_s) as sampler:  # its own process group: a run past --run-timeout
         proc = subprocess.Popen(argv + (["--harness", str(harness)] if harness else []), cwd=ROOT, stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True)  # is ended with its Ray cluster
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             rc = proc.wait()
-            print(f"{engine}: stopped after --run-timeout {timeout_s:g} s", file=f)
+            print(f"{name}: stopped after --run-timeout {timeout_s:g} s", file=f)
     wall = time.perf_counter() - t0
-    status = subprocess.run([sys.executable, "-m", "whale_ray.cli", "status", str(run_dir)], cwd=ROOT,
+    status = subprocess.run([sys.executable, "-m", "whale_ray.cli", "status", str(run_dir), "--time"], cwd=ROOT,
                             capture_output=True, text=True)
-    (root / f"{engine}.status.txt").write_text(status.stdout + status.stderr)
+    (root / f"{name}.status.txt").write_text(status.stdout + status.stderr)
     state_file = run_dir / "state.json"
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    return {"engine": engine, "rc": rc, "wall_s": wall, "state": state, "versions": weight_versions(run_dir),
-            "log": str(log)}
+    return {"name": name, "engine": engine, "rc": rc, "wall_s": wall, "state": state, "run_dir": str(run_dir),
+            "versions": weight_versions(run_dir), "log": str(log), "samples": sampler.samples,
+            "status": status.stdout}
 
 
 def weight_versions(run_dir: Path) -> dict[str, int]:
@@ -166,20 +240,113 @@ def phase_rates(result: dict) -> dict[str, tuple[int, float, float]]:
     return out
 
 
-def report(results: list[dict]) -> None:
+def sandbox_alone(episodes_per_core: int) -> float:
+    """Episodes/s of the sandbox pool alone: one process of one slot per core, a harness that returns at once."""
+    from benchmarks.sandbox_overhead import across_processes
+
+    return across_processes(os.cpu_count() or 1, 1, episodes_per_core)
+
+
+def weight_calls(run_dir: Path) -> tuple[list[tuple[list[dict], int]], int]:
+    """The weight phase's model calls of a run, as (messages, completion tokens), and how many episodes made them."""
+    import pyarrow.parquet as pq
+
+    calls, episodes = [], 0
+    for f in sorted((run_dir / "rollouts").glob("weight-*.parquet")):
+        table = pq.read_table(f, columns=["trace", "calls"])
+        for trace, recorded in zip(table.column("trace").to_pylist(), table.column("calls").to_pylist()):
+            episodes += 1
+            for call, rec in zip(json.loads(trace)["calls"], recorded or []):
+                calls.append((call["messages"], max(1, len(rec["completion_ids"]))))
+    return calls, episodes
+
+
+def engine_alone(run_dir: Path, engine: str, in_flight: int) -> dict:
+    """The run's weight-phase calls replayed into a PolicyService (no Ray, no sandbox) in this process, `in_flight`
+    at a time after a warm-up; episodes/s = calls/s over the run's calls per episode."""
+    from whale_ray.config import load_recorded_config
+    from whale_ray.launch import base_model
+    from whale_ray.policy.serving import PolicyService
+    from whale_ray.records import SamplingParams
+
+    calls, episodes = weight_calls(run_dir)
+    p = load_recorded_config(run_dir / "config.yaml").policy
+    service = PolicyService(base_model(load_recorded_config(run_dir / "config.yaml")), engine=engine,
+                            max_batch=p.max_batch, device=p.device, dtype=p.dtype, **p.engine_options())
+
+    async def replay(batch: list[tuple[list[dict], int]]) -> float:
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one(i: int, messages: list[dict], tokens: int) -> None:
+            async with gate:
+                await service.generate(messages, SamplingParams(max_tokens=tokens, temperature=1.0, top_k=20, seed=i))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i, m, n) for i, (m, n) in enumerate(batch)))
+        return time.perf_counter() - t0
+
+    asyncio.run(replay(calls[:in_flight]))  # warm-up: compiled kernels, CUDA graphs
+    wall = asyncio.run(replay(calls))
+    return {"calls": len(calls), "episodes": episodes, "s": wall, "episodes_per_s": episodes / wall,
+            "tokens": sum(n for _, n in calls)}
+
+
+def limits(results: list[dict], cfg: dict, args: argparse.Namespace) -> dict:
+    """Both ceilings, the engine's in a fresh process (its own CUDA context, the runs' GPU memory given back)."""
+    first = next(r for r in results if r["rc"] == 0)
+    in_flight = cfg["sandbox"]["slots"] * cfg["sandbox"]["evaluators"]
+    out = subprocess.run([sys.executable, __file__, "--engine-alone", first["run_dir"], "--engine-of", first["engine"],
+                          "--in-flight", str(in_flight)], capture_output=True, text=True, cwd=ROOT)
+    engine = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-2000:]}
+    return {"sandbox": sandbox_alone(args.limit_episodes), "engine": engine, "in_flight": in_flight}
+
+
+def report(results: list[dict], ceilings: dict | None) -> None:
     base = phase_rates(results[-1])
-    print(f"\n{'engine':<13} {'phase':<8} {'rollouts':>8} {'wall s':>8} {'rollouts/s':>10}  "
-          f"vs {results[-1]['engine']}")
+    print(f"\n{'run':<18} {'phase':<8} {'rollouts':>8} {'wall s':>8} {'rollouts/s':>10}  vs {results[-1]['name']}")
     for r in results:
         rates = phase_rates(r)
         for phase, (n, wall, rate) in rates.items():
             ratio = f"{rate / base[phase][2]:.2f}x" if phase in base else "-"
-            print(f"{r['engine']:<13} {phase:<8} {n:>8} {wall:>8.1f} {rate:>10.2f}  {ratio}")
+            print(f"{r['name']:<18} {phase:<8} {n:>8} {wall:>8.1f} {rate:>10.2f}  {ratio}")
         state = r["state"]
-        print(f"{r['engine']:<13} {'run':<8} {'':>8} {r['wall_s']:>8.1f} {'':>10}  rc={r['rc']} "
+        print(f"{r['name']:<18} {'run':<8} {'':>8} {r['wall_s']:>8.1f} {'':>10}  rc={r['rc']} "
               f"finished={state.get('finished')} weight_version={state.get('weight_version')} "
               f"steps={state.get('ledger', {}).get('weight_steps')}")
-        print(f"{'':<13} calls by weight version, per phase: {json.dumps(r['versions'])}")
+        print(f"{'':<18} calls by weight version, per phase: {json.dumps(r['versions'])}")
+    for r in results:
+        print(f"\n== {r['name']}: where the time went (whale status --time)")
+        print(r["status"].split("\n\n", 1)[-1].rstrip())
+        from whale_ray.report.timings import read_spans
+
+        spans = read_spans(Path(r["run_dir"]))
+        print("busy share, mean of samples inside the spans:   GPU %    cores %   samples")
+        for label, phases, act in (("weight rollouts", ("weight",), "rollouts"), ("weight train", ("weight",), "train"),
+                                   ("harness rollouts", ("harness", "validate"), "rollouts"),
+                                   ("eval rollouts", ("val", "test"), "rollouts"), ("whole run", None, None)):
+            b = busy(r["samples"], spans, phases, act) if act else {
+                "samples": len(r["samples"]),
+                "gpu": _mean([g for _, g, _ in r["samples"] if g is not None]),
+                "cpu": _mean([c for *_, c in r["samples"]])}
+            gpu = "-" if b["gpu"] is None else f"{b['gpu']:.1f}"
+            cpu = "-" if b["cpu"] is None else f"{b['cpu']:.1f}"
+            print(f"  {label:<44} {gpu:>6} {cpu:>10} {b['samples']:>9}")
+    if ceilings is None:
+        return
+    engine = ceilings["engine"]
+    print(f"\nlimits: the sandbox pool alone {ceilings['sandbox']:.1f} episodes/s ({os.cpu_count()} processes x 1 slot); "
+          + (f"the engine alone {engine['episodes_per_s']:.1f} episodes/s ({engine['calls']} calls, {engine['tokens']} "
+             f"completion tokens in {engine['s']:.1f} s, {ceilings['in_flight']} in flight)" if "s" in engine
+             else f"the engine alone failed: {engine['error']}"))
+    lower = min(ceilings["sandbox"], engine.get("episodes_per_s", float("inf")))
+    for r in results:
+        for phase, (n, wall, rate) in phase_rates(r).items():
+            if phase != "eval":
+                print(f"  {r['name']:<18} {phase:<8} {rate:>8.2f} episodes/s = {rate / lower:.2f} of the lower limit")
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
 
 
 def main() -> int:
@@ -196,7 +363,19 @@ def main() -> int:
     ap.add_argument("--sleep-level", type=int, default=0, choices=(0, 1, 2), help="policy.sleep_level (--device cuda)")
     ap.add_argument("--weight-sync", default="object_store", choices=("object_store", "cuda_ipc"),
                     help="weight.weight_sync (--device cuda)")
+    ap.add_argument("--settings", default="kept", help=f"comma-separated, each engine runs under each: {', '.join(SETTINGS)}")
+    ap.add_argument("--sample-s", type=float, default=0.5, help="seconds between GPU / CPU busy samples")
+    ap.add_argument("--limits", action="store_true", help="also measure the sandbox pool alone and the engine alone")
+    ap.add_argument("--limit-episodes", type=int, default=32, help="episodes per core for the sandbox pool's limit")
+    ap.add_argument("--reuse", action="store_true", help="read back the runs (and limits) an earlier invocation on "
+                                                         "this --root finished, so one table can span device calls")
+    ap.add_argument("--engine-alone", type=Path, help=argparse.SUPPRESS)  # the engine's limit, in its own process
+    ap.add_argument("--engine-of", help=argparse.SUPPRESS)
+    ap.add_argument("--in-flight", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.engine_alone:
+        print(json.dumps(engine_alone(args.engine_alone, args.engine_of, args.in_flight)))
+        return 0
     root = args.root.resolve()
     root.mkdir(parents=True, exist_ok=True)
     cfg = study(args)
@@ -204,15 +383,29 @@ def main() -> int:
     harness = seed_harness(args.harness, root)
     results = []
     for engine in args.engines.split(","):
-        if (root / engine).exists():
-            raise SystemExit(f"--root {root}: {engine}/ exists already (a relaunch would resume it); use a new root")
-        r = run_one(engine, cfg, root, harness, args.run_timeout)
-        print(f"{engine}: rc {r['rc']}, {r['wall_s']:.1f} s; log {r['log']}", flush=True)
-        if r["rc"] != 0:
-            print(Path(r["log"]).read_text()[-3000:], flush=True)
-        results.append(r)
-    (root / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    report(results)
+        for setting in args.settings.split(","):
+            if setting not in SETTINGS:
+                raise SystemExit(f"--settings: unknown {setting!r}; choose from {', '.join(SETTINGS)}")
+            name = f"{engine}-{setting}"
+            kept = root / f"{name}.result.json"
+            if args.reuse and kept.is_file():
+                results.append(json.loads(kept.read_text()))
+                print(f"{name}: read back from {kept}", flush=True)
+                continue
+            if (root / name).exists():
+                raise SystemExit(f"--root {root}: {name}/ exists already (a relaunch would resume it); use a new root")
+            r = run_one(name, engine, merge(cfg, SETTINGS[setting]), root, harness, args.run_timeout, args.sample_s)
+            print(f"{name}: rc {r['rc']}, {r['wall_s']:.1f} s; log {r['log']}", flush=True)
+            if r["rc"] != 0:
+                print(Path(r["log"]).read_text()[-3000:], flush=True)
+            kept.write_text(json.dumps(r, default=str))
+            results.append(r)
+    ceilings = None
+    if args.limits and any(r["rc"] == 0 for r in results):
+        kept = root / "limits.json"
+        ceilings = json.loads(kept.read_text()) if args.reuse and kept.is_file() else limits(results, cfg, args)
+        kept.write_text(json.dumps(ceilings))
+    report(results, ceilings)
     return max(r["rc"] for r in results)
 
 

@@ -152,6 +152,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     status = sub.add_parser("status", help="where a run stands (cycle, phase, rollouts, best, last events), "
                                            "read from its run directory")
     status.add_argument("run_dir", type=Path, help="the run directory")
+    status.add_argument("--time", action="store_true", help="where the run's time went: each phase's acts, its "
+                                                            "episodes' split, each cycle's fixed cost")
     report = sub.add_parser("report", help="write RUN_DIR/report/ (summary.md, curves.png, index.html: one "
                                            "self-contained page), as every run does at its end")
     report.add_argument("run_dir", type=Path, help="the run directory")
@@ -446,6 +448,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     except NotARun as e:
         raise InputError(str(e)) from None
     console.print(format_status(status), highlight=False, markup=False)
+    if args.time:
+        from whale_ray.report.timings import format_breakdown, time_breakdown
+
+        try:
+            breakdown = time_breakdown(args.run_dir)
+        except ValueError as e:
+            raise InputError(str(e)) from None
+        console.print("\n" + format_breakdown(breakdown), highlight=False, markup=False)
     return 0
 
 

@@ -132,8 +132,10 @@ class WeightPhaseConfig(_Strict):
     # Checkpoint (and put on record) every N trained steps and at the phase's end; a relaunch redoes the steps
     # after the last checkpoint with the same prompts and seeds.
     checkpoint_every: int = Field(1, gt=0)
-    # Free the Ray Train workers' CPUs/GPUs for the harness phase; None: when they use GPUs.
-    release_workers: Optional[bool] = None
+    # End the Ray Train run after every weight phase, freeing its workers' CPUs/GPUs for the harness phase, at the
+    # price of a new run (seconds: processes, the model, a process group) in the next cycle. Off by default: the
+    # workers need no more memory across the harness phase than they held beside the engine during the rollouts.
+    release_workers: bool = False
     # How new weights reach the PolicyServer. object_store: a CPU state dict through the object store.
     # cuda_ipc (when training on a GPU; CPU training keeps the object store): CUDA IPC handles of the Trainer's
     # parameters themselves, copied GPU to GPU by a server on the same host; one on another host fetches them
@@ -143,10 +145,6 @@ class WeightPhaseConfig(_Strict):
     # when training on CPU, nccl on GPU), in flat buckets (`broadcast`); not yet run on several GPUs.
     weight_sync: Literal["object_store", "cuda_ipc", "broadcast"] = "object_store"
     broadcast: WeightBroadcastConfig = Field(default_factory=WeightBroadcastConfig)
-
-    @property
-    def release_workers_after_phase(self) -> bool:
-        return self.use_gpu if self.release_workers is None else self.release_workers
 
     @property
     def sync_mode(self) -> str:
@@ -425,7 +423,7 @@ class EvalConfig(_Strict):
 # 1: before the domain plug-ins (retrieval/judge written for every domain); 2: a domain's sections only for it;
 # 3: weight.warmup_steps, max_grad_norm and precision, and the optimiser's settings chosen by the run when unset;
 # 4: serve.preset in place of the endpoint's layout, ingress and flags; serve.engine_cpus and engine_gpus
-CONFIG_VERSION = 4
+CONFIG_VERSION = 5
 
 
 class WhaleConfig(_Strict):
@@ -610,6 +608,9 @@ def upgrade_config_tree(tree: dict[str, Any]) -> dict[str, Any]:
         for key in ("cpus", "gpus"):
             if f"replica_{key}" in serve:
                 serve[f"engine_{key}"] = serve.pop(f"replica_{key}")
+    if version < 5 and isinstance(tree.get("weight"), dict) and tree["weight"].get("release_workers", False) is None:
+        weight = tree["weight"] = dict(tree["weight"])  # unset meant: released when training on GPUs
+        weight["release_workers"] = bool(weight.get("use_gpu", False))
     tree["config_version"] = CONFIG_VERSION
     return tree
 

@@ -82,6 +82,9 @@ class EpisodeResult:
     # The kernel's count of the episode's memory at its peak (its cgroup's); None without the cgroup layer
     peak_memory_bytes: int | None = None
     node: str = ""  # the Ray node id of the evaluator that ran it
+    # Seconds of wall_s: "start" (until the sandbox's runtime said hello), "model" and "tools" (in the host's
+    # callbacks), "teardown" (after the harness ended); the rest is the harness's own. Empty: it never started.
+    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def turns(self) -> int:
@@ -116,6 +119,7 @@ class Rollout:
     trace: str  # JSON: messages, events and tool calls, for the archive and the proposer
     metrics: dict[str, float] = field(default_factory=dict)  # the domain's per-episode metrics (retrieval_hit...)
     node: str = ""  # the Ray node it ran on
+    timings: dict[str, float] = field(default_factory=dict)  # EpisodeResult.timings
     # The episode's model calls whole, each one record from the sandbox (messages, completion and token ids
     # together): what the weight phase trains on. Not stored: `calls` and `trace` are its columns on disk.
     model_calls: list[ModelCall] = field(default_factory=list, repr=False, compare=False)
@@ -151,7 +155,7 @@ class Rollout:
             prompt_tokens=sum(len(c.prompt_ids) for c in ep.calls),
             completion_tokens=sum(len(c.completion_ids) for c in ep.calls),
             wall_s=ep.wall_s, calls=calls, trace=json.dumps(trace), metrics=dict(metrics or {}), node=ep.node,
-            model_calls=list(ep.calls),
+            timings=dict(ep.timings), model_calls=list(ep.calls),
         )
 
 
@@ -187,6 +191,7 @@ ROLLOUT_SCHEMA = pa.schema(
         ("trace", pa.string()),
         ("metrics", pa.map_(pa.string(), pa.float32())),
         ("node", pa.string()),
+        ("timings", pa.map_(pa.string(), pa.float32())),
     ]
 )
 

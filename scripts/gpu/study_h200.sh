@@ -8,15 +8,8 @@
 # Usage, in the checkout's root there: bash scripts/gpu/study_h200.sh VLLM_SHA256 RAY_SHA256 GGUF_SHA256
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-source .gpu/vllm_assemble.sh "$1" || exit 1
-source scripts/gpu/assemble.sh "$2" || exit 1
-MODEL=~/smollm2 ROOT=~/study
-if [ ! -f $MODEL/whale_import.json ]; then  # the GGUF, carried in pieces, becomes a Hugging Face directory once
-  got=$(cat ~/gparts/smol.p? | sha256sum | cut -d' ' -f1)
-  if [ "$got" != "$3" ]; then echo "gguf parts sha256 $got != $3"; ls -l ~/gparts; exit 1; fi
-  cat ~/gparts/smol.p? > ~/SmolLM2-135M-Instruct.Q4_1.gguf
-  python3 -m whale_ray.cli model import ~/SmolLM2-135M-Instruct.Q4_1.gguf --out $MODEL 2>&1 | tail -3 || exit 1
-fi
+source scripts/gpu/smollm2.sh "$1" "$2" "$3" || exit 1
+ROOT=~/study
 # what an earlier call's study left (ended by its timeout): its Ray cluster and whatever holds the GPU
 pkill -9 -f 'ray/core/src/ray/(raylet|gcs)' 2>/dev/null
 for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -9 "$p"; done

@@ -143,6 +143,19 @@ def test_release_workers_then_continue(trainer):
     assert _same(_weights(trainer), before)  # served without workers
     m = ray.get(trainer.train_step.remote(MORE))  # restarts the Ray Train run from the saved state
     assert m["trained"] and m["version"] == v + 1
+    assert m["workers_start_s"] > 0 and m["wall_s"] >= m["workers_start_s"]  # the start, inside the step
+    again = ray.get(trainer.train_step.remote(MORE))
+    assert again["workers_start_s"] == 0.0
+
+
+def test_workers_started_ahead_of_the_first_step_are_not_its_cost(trainer):
+    """The Coordinator asks for the workers without waiting (beside the first evaluation): the step that follows
+    finds them up, and a second ask is a no-op."""
+    ray.get(trainer.release_workers.remote())
+    started = ray.get(trainer.start_workers.remote())
+    assert started > 0 and ray.get(trainer.start_workers.remote()) == 0.0
+    m = ray.get(trainer.train_step.remote(MORE))
+    assert m["trained"] and m["workers_start_s"] == 0.0
 
 
 def test_two_workers_match_one_process_and_leave_nothing_behind(cluster, tiny_model, tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -283,7 +284,7 @@ def resumed_trainer(cfg) -> Trainer:
 
 @pytest.mark.parametrize("release, expected", [(None, 0), (True, 2), (False, 0)])
 def test_trainer_workers_are_released_after_each_weight_phase_when_asked(release, expected, tmp_path):
-    cfg = small_config(tmp_path / "run", condition="whale", weight__release_workers=release)  # CPU: None is off
+    cfg = small_config(tmp_path / "run", condition="whale", weight__release_workers=release)  # None: the default
     loop, roles = make_loop(cfg)
     order = []  # the servers let go of the workers' GPU memory before they end (cuda_ipc.py's docstring)
     roles.weights.release = lambda: order.append("sync lets go")
@@ -322,3 +323,64 @@ def test_each_trainer_step_is_framed_by_the_weight_sync(tmp_path):
         version += bool(examples)
         expected += ["before_step", ("push", version) if examples else "resume"]
     assert calls == expected and "resume" in calls and version >= 1
+
+
+class SlowFirstStart(Trainer):
+    """Reports, as the Ray Train Trainer does, the seconds its first step spent starting the workers."""
+
+    def train_step(self, examples, version):
+        started = 0.0 if getattr(self, "stepped", False) else 0.2
+        self.stepped = True
+        time.sleep(started)
+        return {**super().train_step(examples, version), "workers_start_s": started}
+
+
+def test_every_act_of_every_phase_is_timed_once_and_the_episodes_add_up(tmp_path):
+    cfg = small_config(tmp_path / "run", condition="whale")
+    loop, roles = make_loop(cfg, trainer=SlowFirstStart())
+    loop.run()
+    state = RunState.load(cfg.run_dir)
+    lines = [json.loads(line) for line in (cfg.run_dir / "timings.jsonl").read_text().splitlines()]
+    assert all(line["s"] >= 0 and line["start"] > 0 for line in lines)
+
+    def acts(phase, act):
+        return [line for line in lines if line["phase"] == phase and line["act"] == act]
+
+    def episodes(*phases):
+        return sum(line["episodes"] for p in phases for line in acts(p, "rollouts"))
+
+    assert episodes("weight") == state.ledger.weight_rollouts
+    assert episodes("harness", "validate") == state.ledger.harness_rollouts
+    assert episodes("val", "test") == state.ledger.eval_rollouts
+    steps = len(state.train_steps)
+    assert len(acts("weight", "train")) == len(acts("weight", "sleep")) == len(acts("weight", "sync")) == steps
+    assert [line["workers_start_s"] for line in acts("weight", "train")] == [0.2] + [0.0] * (steps - 1)
+    assert len(acts("weight", "checkpoint")) == len(roles.trainer.saved)
+    assert len(acts("harness", "propose")) == len(state.proposer_sessions)
+    for phase in ("weight", "harness", "validate", "val", "test"):  # every pool call is verified once
+        assert len(acts(phase, "verify")) == len(acts(phase, "rollouts")) > 0
+
+
+def test_the_time_breakdown_adds_up_from_the_run_directory_alone(tmp_path):
+    """`whale status --time`'s numbers: a phase's acts fit in its wall time, the episodes are the ledger's, and a
+    cycle's fixed cost is its wall time less the work in it (the first weight step's worker start counted there)."""
+    from whale_ray.report.timings import format_breakdown, time_breakdown
+
+    cfg = small_config(tmp_path / "run", condition="whale")
+    make_loop(cfg, trainer=SlowFirstStart())[0].run()
+    state = RunState.load(cfg.run_dir)
+    b = time_breakdown(cfg.run_dir)
+    assert b.phases["weight"].episodes == state.ledger.weight_rollouts
+    assert b.phases["harness"].episodes == state.ledger.harness_rollouts
+    assert b.phases["eval"].episodes == state.ledger.eval_rollouts
+    for p in b.phases.values():
+        assert sum(v for k, v in p.acts.items() if k != "workers_start") <= p.wall_s + 1e-3
+    assert b.phases["weight"].acts["workers_start"] == pytest.approx(0.2)  # reported by the step
+    assert [c["cycle"] for c in b.cycles] == [row.cycle for row in state.history[1:]]
+    for c, row in zip(b.cycles, state.history[1:]):
+        assert c["wall_s"] == row.wall_s and 0 <= c["fixed_s"] <= c["wall_s"]
+    first, second = b.cycles
+    assert first["workers_start_s"] == pytest.approx(0.2) and first["fixed_s"] >= 0.2 - 0.05  # walls: 0.1 s
+    assert second["workers_start_s"] == pytest.approx(0.0, abs=0.01)
+    text = format_breakdown(b)
+    assert "weight" in text and "fixed" in text

@@ -56,6 +56,17 @@ def test_a_recorded_endpoint_reads_as_the_preset_it_matches(tmp_path, layout, in
     assert (serve.preset, serve.port, serve.engine_cpus, serve.engine_gpus) == (preset, 8123, 0.5, 0.25)
 
 
+@pytest.mark.parametrize("use_gpu", [True, False])
+def test_a_recorded_unset_release_workers_reads_as_what_the_run_did(tmp_path, use_gpu):
+    """Before version 5 an unset `weight.release_workers` released the workers when they trained on GPUs; the
+    default now keeps them up, so a resumed run must not change what it does by being resumed."""
+    tree = yaml.safe_load(dump_config(load_config(None, {"run_dir": str(tmp_path)})))
+    tree["config_version"] = 4
+    tree["weight"].update(release_workers=None, use_gpu=use_gpu)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(tree))
+    assert load_recorded_config(tmp_path / "config.yaml").weight.release_workers is use_gpu
+
+
 def test_an_unreadable_config_is_a_conflict_that_says_why(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

@@ -187,6 +187,36 @@ def test_host_tool_calls_are_recorded_on_the_trusted_side():
                             {"name": "lookup", "args": {"key": "b"}, "output": "value-of-b"}]
 
 
+def test_an_episode_says_where_its_time_went():
+    """The model's and the host tools' time is what the host spent in them, the start is before any harness code ran,
+    and the parts add up to no more than the episode's wall time; a harness's own sleep is in none of them."""
+    def slow_model(messages, sampling):
+        time.sleep(0.2)
+        return Recorder()(messages, sampling)
+
+    def slow_lookup(key: str) -> str:
+        time.sleep(0.1)
+        return key
+
+    r = run(
+        """
+        import time
+
+        def run(task, agent):
+            agent.generate([{"role": "user", "content": "a"}])
+            agent.generate([{"role": "user", "content": "b"}])
+            time.sleep(0.3)
+            return agent.tool("lookup", key="x")
+        """,
+        gen=slow_model, host_tools={"lookup": slow_lookup},
+    )
+    assert r.status == "ok", r.reason
+    t = r.timings
+    assert 0.4 <= t["model"] < 0.4 + 0.2 and 0.1 <= t["tools"] < 0.1 + 0.2
+    assert 0 < t["start"] and 0 <= t["teardown"]
+    assert sum(t.values()) + 0.3 <= r.wall_s + 0.01  # the harness's own sleep is the rest
+
+
 def test_generate_validates_messages():
     r = run(
         """

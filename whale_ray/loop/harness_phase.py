@@ -108,8 +108,9 @@ class HarnessSearch:
             self.record_proposer_sessions(sdir)
             limits = remaining_limits(hp, total_usage(state.proposer_sessions))
             ctx.progress.set(detail=f"iteration {iteration}: {hp.proposer} proposer session")
-            result = ctx.roles.proposer.session(str(ctx.archive.root), hp.candidates_per_iteration, iteration,
-                                                limits.to_dict(), str(sdir / PARTIAL_FILE))
+            with ctx.run.timed("harness", "propose"):
+                result = ctx.roles.proposer.session(str(ctx.archive.root), hp.candidates_per_iteration, iteration,
+                                                    limits.to_dict(), str(sdir / PARTIAL_FILE))
             record = {**result["session"], "proposals": result["proposals"], "cycle": cycle}
             write_session(sdir, record)
         self.record_proposer_sessions(sdir)

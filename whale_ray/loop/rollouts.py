@@ -63,13 +63,16 @@ def rollout_many(ctx: RunContext, work: list[tuple[str, list[Task], int]], *, ph
         done += n
         ctx.progress.set(done=done)
 
-    results = ctx.roles.pool.run(items, on_done)
-    return [
-        [scored(ep, task, ctx.verifier, ctx.domain, phase=phase, cycle=cycle, harness_id=harness_id, sample=sample,
-                seed=seed, weight_version=version)
-         for (task, sample, seed), ep in zip(meta, episodes)]
-        for (harness_id, meta), episodes in zip(plans, results)
-    ]
+    with ctx.run.timed(phase, "rollouts") as timing:
+        results = ctx.roles.pool.run(items, on_done)
+        timing["episodes"] = sum(len(w.jobs) for w in items)
+    with ctx.run.timed(phase, "verify"):
+        return [
+            [scored(ep, task, ctx.verifier, ctx.domain, phase=phase, cycle=cycle, harness_id=harness_id,
+                    sample=sample, seed=seed, weight_version=version)
+             for (task, sample, seed), ep in zip(meta, episodes)]
+            for (harness_id, meta), episodes in zip(plans, results)
+        ]
 
 
 def scored(ep: EpisodeResult, task: Task, verifier: Callable[[Task, str | None], float], domain: Domain,

@@ -5,6 +5,7 @@
     rollouts/<name>.parquet   every episode; a file counts only once state.json has it on record
     train/c<cc>-s<ssss>.json  what each weight step trained on (the accepted calls) and its metrics
     checkpoints/v<NNNNN>/     Hugging Face format; the latest and the best are kept
+    timings.jsonl         where the time went: one line per timed act (a log, appended by every launch)
 
 Work is written first and put on record with the next `commit()` (an atomic rewrite of state.json), so a
 unit of work cut short by a crash leaves only files that the relaunch drops and redoes under the same
@@ -16,8 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pyarrow.parquet as pq
 
@@ -40,11 +42,15 @@ def evaluation_name(split: str, weight_version: int, harness_id: str) -> str:
     return f"{split}-v{weight_version:05d}-{harness_id}"
 
 
+TIMINGS_FILE = "timings.jsonl"
+
+
 class RunDirectory:
     def __init__(self, root: str | Path):
         self.root = Path(root).resolve()
         self.state: RunState = RunState.load(self.root) or RunState()
         self._mark = time.perf_counter()
+        self._timings = self.root / TIMINGS_FILE
 
     @property
     def exists(self) -> bool:
@@ -101,6 +107,24 @@ class RunDirectory:
             if path.stem not in self.state.train_steps:
                 path.unlink()
         self._mark = time.perf_counter()
+
+    # -------------------------------------------------------------------------------- timings
+    @contextmanager
+    def timed(self, phase: str, act: str) -> Iterator[dict[str, Any]]:
+        """Times one act of a phase into timings.jsonl: {"phase", "act", "cycle" (the report row whose wall time it
+        is in: 0 for the start's evaluation, c + 1 for cycle c's phases and evaluation), "start" (Unix time, to
+        match samples taken beside the run, such as the GPU's), "s"}. The act may add facts to the dict it is handed.
+        A log, not state: time spent on work that a relaunch redoes stays in it, as it was spent."""
+        facts: dict[str, Any] = {}
+        start, t0 = time.time(), time.perf_counter()
+        try:
+            yield facts
+        finally:
+            entry = {"phase": phase, "act": act, "cycle": len(self.state.history), "start": round(start, 3),
+                     "s": round(time.perf_counter() - t0, 4), **facts}
+            self.root.mkdir(parents=True, exist_ok=True)
+            with open(self._timings, "a") as f:
+                f.write(json.dumps(entry) + "\n")
 
     # ------------------------------------------------------------------------------- rollouts
     def write_rollouts(self, name: str, phase: RolloutPhase, cycle: int, rollouts: list[Rollout]) -> None:

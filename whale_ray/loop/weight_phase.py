@@ -78,15 +78,22 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         ctx.run.write_rollouts(name, "weight", cycle, rollouts)
         examples, sources = training_examples(ctx, rollouts, tasks)
         version_before = state.weight_version
-        sync.before_step()
-        metrics = trainer.train_step(examples, version_before)
+        with ctx.run.timed("weight", "sleep"):
+            sync.before_step()
+        with ctx.run.timed("weight", "train") as timing:
+            metrics = trainer.train_step(examples, version_before)
+            # the Trainer's own seconds for the step, and the part of them it spent starting its workers
+            timing.update(examples=len(examples), step_s=metrics.get("wall_s"),
+                          workers_start_s=metrics.get("workers_start_s", 0.0))
+        with ctx.run.timed("weight", "sync"):
+            if metrics["trained"]:
+                state.weight_version = metrics["version"]
+                sync.push(state.weight_version)
+            else:
+                sync.resume()
         if metrics["trained"]:
-            state.weight_version = metrics["version"]
-            sync.push(state.weight_version)
             state.ledger.weight_steps += 1
             since_checkpoint += 1
-        else:
-            sync.resume()
         ctx.run.write_train_step(name.removeprefix("weight-"), {
             "cycle": cycle, "step": prog.units_done, "rollout_file": name, "version_before": version_before,
             "version_after": state.weight_version, "examples": sources, "metrics": metrics})
@@ -94,28 +101,32 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         prog.step_rewards.append(reward)
         prog.prompts_done += n
         prog.units_done += 1
-        prog.wall_s += time.perf_counter() - started
         state.weight_cursor, state.weight_pass = cursor, weight_pass
         if since_checkpoint >= cfg.checkpoint_every:
             checkpoint(ctx)
             since_checkpoint = 0
-        elif since_checkpoint == 0:
+        prog.wall_s += time.perf_counter() - started  # the checkpoint's time included; on record with the next commit
+        if since_checkpoint == 0:
             ctx.run.commit()  # nothing trained since the last checkpoint: the trainer's state is on record
         ctx.progress.set(detail=f"step {prog.units_done}: reward {reward:.3f}, {len(examples)} accepted calls, "
                                 f"loss {metrics.get('loss', float('nan')):.3f}")
+    started = time.perf_counter()
     if since_checkpoint:
         checkpoint(ctx)
+    if trainer is not None and cfg.release_workers:
+        with ctx.run.timed("weight", "release"):
+            sync.release()
+            trainer.release_workers()  # the harness phase needs no trainer: its CPUs/GPUs go back to the cluster
+    prog.wall_s += time.perf_counter() - started
     ctx.run.commit()
-    if trainer is not None and cfg.release_workers_after_phase:
-        sync.release()
-        trainer.release_workers()  # the harness phase needs no trainer: its CPUs/GPUs go back to the cluster
 
 
 def checkpoint(ctx: RunContext) -> None:
     """The current weights (and optimizer) as checkpoints/v<N>; then everything up to here goes on record."""
     state = ctx.run.state
     path = ctx.run.checkpoint_path(state.weight_version)
-    ctx.roles.trainer.save_checkpoint(str(path), state.weight_version)
+    with ctx.run.timed("weight", "checkpoint"):
+        ctx.roles.trainer.save_checkpoint(str(path), state.weight_version)
     state.checkpoint = ctx.run.relative(path)
     ctx.run.commit()
     ctx.run.prune_checkpoints()

@@ -182,6 +182,8 @@ class Episode:
         self.host_error: BaseException | None = None
         self.rpc_calls = 0
         self.got_hello = False  # child.py says hello before any harness code runs
+        # where the episode's time went (EpisodeResult.timings): until the hello, in host callbacks, tearing down
+        self.timings = {"start": 0.0, "model": 0.0, "tools": 0.0, "teardown": 0.0}
         self.output_bytes = 0
         self.stderr_tail = bytearray()
         self.proc: subprocess.Popen | None = None
@@ -289,7 +291,9 @@ class Episode:
             try:
                 self._serve(host_sock, info_r, encode_frame(init))
             finally:
+                ended = time.monotonic()
                 self._teardown(namespaced)
+                self.timings["teardown"] = time.monotonic() - ended
         finally:
             host_sock.close()
             child_sock.close()
@@ -303,6 +307,7 @@ class Episode:
             raise self.host_error
         result = self._finish(namespaced)
         result.tool_calls = self.tool_calls
+        result.timings = {k: round(v, 6) for k, v in self.timings.items()}
         if self.cgroup is not None:
             result.peak_memory_bytes = self.cgroup.peak_bytes()
         return result
@@ -500,6 +505,7 @@ class Episode:
             if kind != "hello":
                 self._set("protocol_error", f"the child's first message was {kind[:40]!r}, not 'hello'")
             self.got_hello = True
+            self.timings["start"] = time.monotonic() - self.t0
             return None
         if kind in ("generate", "tool"):
             self.rpc_calls += 1
@@ -536,13 +542,15 @@ class Episode:
             self._set("protocol_error", "the trace events are malformed")
         return events  # decode_frame made them re-encodable: valid text, finite numbers, bounded depth
 
-    def _call_host(self, fn: Callable[[], Any]) -> Any:
-        """Run a host callback with the sandbox's clock stopped."""
+    def _call_host(self, kind: str, fn: Callable[[], Any]) -> Any:
+        """Run a host callback with the sandbox's clock stopped; its time goes to timings[kind]."""
         start = time.monotonic()
         try:
             return fn()
         finally:
-            self.deadline += time.monotonic() - start
+            spent = time.monotonic() - start
+            self.deadline += spent
+            self.timings[kind] += spent
 
     def _generate(self, rid: int, msg: dict[str, Any]) -> dict[str, Any]:
         messages = msg.get("messages")
@@ -556,7 +564,7 @@ class Episode:
         # episode replays exactly whatever else shares the policy's batch.
         sp.seed = _call_seed(self.seed, len(self.calls))
         try:
-            call = self._call_host(lambda: self.generate(messages, sp))
+            call = self._call_host("model", lambda: self.generate(messages, sp))
         except BaseException as e:  # the caller's failure, not the harness's: re-raised after teardown
             self.host_error = e
             self._set("crashed", f"the host's generate callback raised {type(e).__name__}")
@@ -571,7 +579,7 @@ class Episode:
         if fn is None:
             return self._tool_error(rid, name, args, f"unknown tool {name[:80]!r}")
         try:
-            output = self._call_host(lambda: _invoke(fn, args))
+            output = self._call_host("tools", lambda: _invoke(fn, args))
         except TypeError as e:
             if _raised_by_call(e):
                 return self._tool_error(rid, name, args, f"bad arguments for tool {name!r}: {e}")
