@@ -384,3 +384,16 @@ def test_the_time_breakdown_adds_up_from_the_run_directory_alone(tmp_path):
     assert second["workers_start_s"] == pytest.approx(0.0, abs=0.01)
     text = format_breakdown(b)
     assert "weight" in text and "fixed" in text
+
+
+def test_a_timings_line_that_is_not_json_is_named_by_file_and_line(tmp_path):
+    from whale_ray.report.timings import time_breakdown
+
+    cfg = small_config(tmp_path / "run", condition="whale")
+    make_loop(cfg)[0].run()
+    path = cfg.run_dir / "timings.jsonl"
+    n = len(path.read_text().splitlines())
+    with path.open("a") as f:
+        f.write("{cut short\n")
+    with pytest.raises(ValueError, match=rf"timings.jsonl:{n + 1}: not a JSON line"):
+        time_breakdown(cfg.run_dir)
