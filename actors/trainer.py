@@ -158,6 +158,34 @@ class LocalTrainer:
         pass
 
 
+def free_orphaned_worker_groups() -> list[str]:
+    """Removes the placement groups of Ray Train runs whose controller died without ending them (a Trainer killed
+    or lost takes its controller with it, as the owner of its actors); their ids. Ray Train starts a detached
+    cleaner for this case, but it asks the state API, which a cluster without a dashboard does not serve (whale
+    run's local one, the tests'), and the workers' CPUs and GPUs would stay reserved until the job ends: a Trainer
+    restarted by Ray, or the next one of a rolled-back run, could then wait for them for ever. A group whose
+    controller is dead serves no one, whichever run it was."""
+    from ray._private import state
+    from ray.core.generated import gcs_pb2
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    accessor = state.state._connect_and_get_accessor()
+    dead = gcs_pb2.ActorTableData.ActorState.Value("DEAD")
+    controllers = set()
+    for raw in accessor.get_actor_table(None, None):
+        a = gcs_pb2.ActorTableData.FromString(raw)
+        if a.class_name == "TrainController" and a.state == dead:
+            controllers.add(a.actor_id)
+    freed = []
+    for raw in accessor.get_placement_group_table():
+        g = gcs_pb2.PlacementGroupTableData.FromString(raw)
+        if (g.state != gcs_pb2.PlacementGroupTableData.REMOVED and not g.is_detached and g.creator_actor_dead
+                and g.creator_actor_id in controllers):
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(g.placement_group_id)))
+            freed.append(g.placement_group_id.hex())
+    return freed
+
+
 # ------------------------------------------------------------------------------------ the actor
 class _Session:
     """One long-lived TorchTrainer.fit() and its queues."""
@@ -303,6 +331,9 @@ class Trainer:
             raise RuntimeError(f"Trainer failed earlier ({self._broken}); call load_checkpoint(path) to resume")
         if self._session is None:
             t0 = time.perf_counter()
+            if freed := free_orphaned_worker_groups():
+                self._emit("trainer_workers_freed", f"freed {len(freed)} placement group(s) of Ray Train runs whose "
+                           "controller died with its Trainer", actor="Trainer", groups=freed)
             session = _Session(self._trainer_cfg, self._scaling, self._torch_config,
                                self.checkpoint_dir / "ray_train", self._resume)
             try:

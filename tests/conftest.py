@@ -148,24 +148,43 @@ def _live_actors() -> dict[str, str] | None:
     return live
 
 
+def _live_groups() -> set[str] | None:
+    """Ids of the placement groups on the cluster this process is connected to that are not removed (None: it is
+    connected to none). A group outlives the actor that made it (it belongs to the job): a Ray Train controller
+    killed while its workers start leaves its group, and the cleaner Ray Train starts for that case asks the state
+    API, which the tests' clusters run without."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return {gid for gid, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_leaked_actors(request):
-    """A test module that leaves an actor of its own alive fails here, naming the actors, and they are killed.
-    Left alone, a leaked actor keeps its CPUs on the cluster later modules share, and a later test then waits for
+    """A test module that leaves an actor of its own or a placement group alive fails here, naming them, and they
+    are ended. Left alone, a leak keeps its CPUs on the cluster later modules share, and a later test then waits for
     them without end (it happened): one clear failure instead of a hung suite. Per module, not per test: a
     module-scoped fixture's actor registers with the GCS asynchronously, so a per-test snapshot can miss it, and
     this fixture is torn down after the module's own fixtures, which end their actors."""
-    before = _live_actors() or {}
+    before, groups_before = _live_actors() or {}, _live_groups() or set()
     yield
     gc.collect()  # a handle held only by a reference cycle (an exception's traceback, say) ends its actor here
     deadline = time.monotonic() + 15  # ray.kill, a dropped handle, a finished Train/Tune run: freed asynchronously
-    while (now := _live_actors()) is not None and set(now) - set(before) and time.monotonic() < deadline:
+    while ((now := _live_actors()) is not None and (set(now) - set(before) or (_live_groups() or set()) - groups_before)
+           and time.monotonic() < deadline):
         time.sleep(0.25)
     leaked = {aid: name for aid, name in (now or {}).items() if aid not in before}
-    if not leaked:
+    groups = sorted((_live_groups() or set()) - groups_before)
+    if not leaked and not groups:
         return
     ray = sys.modules["ray"]
     for aid in leaked:  # by id (the tests' handles may be out of reach): the GCS ends it for good
         ray._private.worker.global_worker.core_worker.kill_actor(ray.ActorID(bytes.fromhex(aid)), True)
-    pytest.fail(f"{request.module.__name__} left {len(leaked)} Ray actor(s) alive: {', '.join(sorted(leaked.values()))} "
-                "(killed now; kill the actors a test or fixture makes when it is done)")
+    from ray.util.placement_group import PlacementGroup
+
+    for gid in groups:
+        ray.util.remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(gid))))
+    what = [f"{len(leaked)} Ray actor(s) alive: {', '.join(sorted(leaked.values()))}"] if leaked else []
+    what += [f"{len(groups)} placement group(s) reserved: {', '.join(g[:12] for g in groups)}"] if groups else []
+    pytest.fail(f"{request.module.__name__} left {' and '.join(what)} (ended now; end what a test or fixture "
+                "makes when it is done)")

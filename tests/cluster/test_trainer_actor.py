@@ -4,6 +4,7 @@ data-parallel equivalence, and a clean release of the Ray Train workers."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import ray
@@ -174,3 +175,41 @@ def test_two_workers_match_one_process_and_leave_nothing_behind(cluster, tiny_mo
         ray.get(ddp.shutdown.remote())
     ddp_groups = [pg["state"] for pg in ray.util.placement_group_table().values() if len(pg["bundles"]) == 2]
     assert ddp_groups and all(state == "REMOVED" for state in ddp_groups)
+
+
+
+def test_the_group_of_a_trainer_killed_with_its_workers_is_freed_by_the_next_start(cluster, tiny_model, tmp_path):
+    """A Trainer killed while its Ray Train run is up takes the run's controller with it, and the workers' placement
+    group stays reserved (Ray Train's own cleaner needs the state API, which this cluster, like `whale run`'s, runs
+    without): the next Trainer to start workers frees it, and says so in its run's events."""
+    from ray._private import state
+    from ray.core.generated import gcs_pb2
+
+    from whale_ray.events import read_events
+
+    def live() -> set[str]:
+        return {g for g, v in ray.util.placement_group_table().items() if v["state"] != "REMOVED"}
+
+    def creator_dead(group: str) -> bool:
+        raw = state.state._connect_and_get_accessor().get_placement_group_info(ray.PlacementGroupID.from_hex(group))
+        return gcs_pb2.PlacementGroupTableData.FromString(raw).creator_actor_dead
+
+    before = live()
+    lost = Trainer.remote(str(tiny_model), CFG, str(tmp_path / "lost"))
+    assert ray.get(lost.start_workers.remote()) > 0
+    (group,) = live() - before
+    ray.kill(lost, no_restart=True)
+    deadline = time.monotonic() + 60
+    while not creator_dead(group) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert creator_dead(group) and group in live()  # reserved for no one
+
+    nxt = Trainer.remote(str(tiny_model), CFG, str(tmp_path / "next"), events_dir=str(tmp_path / "events"))
+    try:
+        assert ray.get(nxt.start_workers.remote()) > 0
+        assert group not in live()
+        (freed,) = [e for e in read_events(tmp_path / "events") if e["kind"] == "trainer_workers_freed"]
+        assert group in freed["groups"]
+    finally:
+        ray.get(nxt.shutdown.remote())
+        ray.kill(nxt)
