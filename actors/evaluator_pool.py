@@ -30,7 +30,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from actors.sandbox_evaluator import SandboxEvaluator
-from whale_ray.config import SandboxConfig
+from whale_ray.config import CORES_PER_EVALUATOR, SandboxConfig
 from whale_ray.events import EventLog
 from whale_ray.records import EpisodeResult
 from whale_ray.resources import Placement, RoleResources
@@ -97,7 +97,11 @@ class EvaluatorPool:
         self._poll_s = poll_s
         self._on_poll = on_poll
         self._retries = sandbox.episode_retries
-        self.min, self.max, self.elastic = sandbox.pool_bounds()
+        cpus = ray.cluster_resources().get("CPU", 0.0)
+        self.min, self.max, self.elastic = sandbox.pool_bounds(cpus)
+        if sandbox.evaluators == "cores":
+            log.info("%d evaluator(s) x %d slots: one per %d of the cluster's %g CPUs (sandbox.evaluators: cores)",
+                     self.min, sandbox.slots, CORES_PER_EVALUATOR, cpus)
         if self.elastic and not self._placement.pins_nodes:
             self.max = self.min  # a placement group's bundles are fixed: an elastic pool cannot grow there
         self._chunk = sandbox.chunk or max(1, sandbox.slots // 4)

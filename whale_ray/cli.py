@@ -79,12 +79,12 @@ def helps(text: str, dotted: str) -> str:
 
 
 def _evaluators(text: str) -> int | str:
-    if text == "auto":
+    if text in ("auto", "cores"):
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a count of evaluators, or 'auto'") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: a count of evaluators, 'cores' or 'auto'") from None
 
 
 def _trackers(text: str) -> list[str]:
@@ -119,9 +119,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument("--run-dir", type=Path, help=helps("run directory", "run_dir"))
     run.add_argument("--seed", type=int, help=helps("run seed", "seed"))
     run.add_argument("--engine", choices=choices("policy.engine"), help=helps("policy engine", "policy.engine"))
-    run.add_argument("--evaluators", type=_evaluators, help=helps("SandboxEvaluator actors in the pool: a count, or 'auto' "
-                                                                 "(elastic: sized to the free resources, following "
-                                                                 "nodes)", "sandbox.evaluators"))
+    run.add_argument("--evaluators", type=_evaluators, help=helps("SandboxEvaluator actors in the pool: a count, 'cores' "
+                                                                 "(one per 4 of the cluster's CPUs) or 'auto' (elastic: "
+                                                                 "sized to the free resources, following nodes)",
+                                                                 "sandbox.evaluators"))
     run.add_argument("--slots", type=int, help=helps("concurrent sandboxes per evaluator", "sandbox.slots"))
     run.add_argument("--isolation", choices=choices("sandbox.isolation"),
                      help=helps("sandbox isolation; 'unsafe_none' runs untrusted harness code without namespaces",

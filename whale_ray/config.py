@@ -253,19 +253,32 @@ class EvaluatorRange(_Strict):
         return self
 
 
+# One evaluator process per this many of the cluster's CPUs (sandbox.evaluators "cores"). An episode waits on the
+# model most of its time, so episodes in flight are what fill the engine's batches, and a few processes share the
+# host side's work (episode threads under one GIL, the sandboxes' pipes) better than one (docs/performance.md,
+# "Sandbox pool on the H200's host"); 2- and 4-core machines keep the single evaluator of 16 slots.
+CORES_PER_EVALUATOR = 4
+
+
 class SandboxConfig(_Strict):
     slots: int = Field(16, gt=0)  # concurrent episodes per evaluator
-    # A count (kept: a lost evaluator is replaced), "auto" (= {min: 1, max: 64}) or {min, max}: elastic,
-    # sized to the cluster's free resources while a phase runs, following nodes as they join and leave.
-    evaluators: int | Literal["auto"] | EvaluatorRange = 1
+    # A count, or "cores" (a count from the cluster's CPUs when the pool starts: one per CORES_PER_EVALUATOR, at
+    # least one; a sweep's trials, which share the cores, take one each): kept, a lost evaluator is replaced.
+    # "auto" (= {min: 1, max: 64}) or {min, max}: elastic, sized to the cluster's free resources while a phase
+    # runs, following nodes as they join and leave.
+    evaluators: int | Literal["auto", "cores"] | EvaluatorRange = "cores"
     chunk: Optional[int] = Field(None, gt=0)  # episodes per pull; None: a quarter of `slots`
     # Losses of an episode with its evaluator, on a node that stayed up, before it counts as a sandbox error (an
     # episode that kills its evaluator must not kill them all); a loss with its node is not counted.
     episode_retries: int = Field(1, ge=0)
 
-    def pool_bounds(self) -> tuple[int, int, bool]:
-        """(min, max, elastic) of the evaluator pool."""
+    def pool_bounds(self, cpus: float | None = None) -> tuple[int, int, bool]:
+        """(min, max, elastic) of the evaluator pool; `cpus`: the cluster's, which "cores" is counted from."""
         e = self.evaluators
+        if e == "cores":
+            if cpus is None:
+                raise ValueError("sandbox.evaluators 'cores' is counted from the cluster's CPUs, which were not given")
+            e = max(1, int(cpus // CORES_PER_EVALUATOR))
         if isinstance(e, int):
             return e, e, False
         r = EvaluatorRange() if e == "auto" else e

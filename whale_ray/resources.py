@@ -84,14 +84,15 @@ class Placement:
         return {**resources.options(), "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
 
 
-def role_demands(cfg: Any, trains: bool) -> dict[str, tuple[int, dict[str, float]]]:
+def role_demands(cfg: Any, trains: bool, cpus: float | None = None) -> dict[str, tuple[int, dict[str, float]]]:
     """role -> (how many actors, one actor's bundle), for the roles this run starts (`trains`: the schedule
-    has a weight phase, so Trainer workers)."""
+    has a weight phase, so Trainer workers) on a cluster of `cpus` CPUs (needed where the evaluators are
+    counted from them, `sandbox.evaluators: cores`)."""
     from whale_ray.domain import get_domain  # the retriever is a service of the search_qa domain
 
     r: ResourcesConfig = cfg.resources
     out = {"policy_server": (cfg.policy.replicas, r.policy_server.bundle()),
-           "evaluator": (cfg.sandbox.pool_bounds()[0], r.evaluator.bundle()), "proposer": (1, r.proposer.bundle())}
+           "evaluator": (cfg.sandbox.pool_bounds(cpus)[0], r.evaluator.bundle()), "proposer": (1, r.proposer.bundle())}
     if trains:
         out["trainer_worker"] = (cfg.weight.num_workers, trainer_bundle(r, cfg.weight.use_gpu))
     if get_domain(cfg.domain).name == "search_qa":
@@ -139,7 +140,7 @@ def check_cluster(cfg: Any, trains: bool) -> None:
     if not cfg.resources.check_feasible:
         return
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    if why := infeasible(role_demands(cfg, trains), nodes):
+    if why := infeasible(role_demands(cfg, trains, sum(n.get("CPU", 0.0) for n in nodes)), nodes):
         raise ResourceError(why + " (change the resources: section, or set resources.check_feasible: false for "
                             "an autoscaling cluster)")
 

@@ -133,6 +133,19 @@ def test_a_pool_started_after_a_roll_back_reports_what_the_cluster_did_meanwhile
         ray.kill(actor)
 
 
+def test_a_pool_of_cores_counts_the_whole_clusters_cpus_and_spreads(cluster, tmp_path, bwrap):
+    """`sandbox.evaluators: cores`, the default: one evaluator per four of the cluster's CPUs, counted over every
+    node when the pool starts, a fixed pool spread over the nodes."""
+    a, b = cluster.add_node(num_cpus=4), cluster.add_node(num_cpus=5)
+    pool, _ = pool_of(tmp_path, "cores")
+    assert (pool.min, pool.max, pool.elastic, pool.size) == (2, 2, False, 2)
+    work = jobs(8)
+    answers_match_seeds(run_with(pool, work, 1, lambda: None), work)
+    assert set(pool.nodes()) == {a.node_id, b.node_id}
+    for actor in pool.actors:
+        ray.kill(actor)
+
+
 def test_a_fixed_pool_spreads_and_replaces_a_killed_evaluator(cluster, tmp_path, bwrap):
     """An evaluator killed while its node stays up: the loss is charged to its episodes, which with
     episode_retries 0 are given up (a sandbox error each, counted once); the rest of the phase goes on."""

@@ -189,7 +189,8 @@ def test_groups_hold_the_roles_of_the_config(name):
     assert all(g["min"] < g["max"] for g in cpu)  # the evaluators' group autoscales
     assert pods(doc)[0]["params"]["num-cpus"] == "0"  # no actor on the head
     trains = has_phase(cfg, "weight")
-    assert infeasible(role_demands(cfg, trains), nodes_at_min(doc)) is None
+    nodes = nodes_at_min(doc)
+    assert infeasible(role_demands(cfg, trains, sum(n.get("CPU", 0.0) for n in nodes)), nodes) is None
     # evaluators land only where their custom resource is: the CPU group
     for key in cfg.resources.evaluator.resources:
         assert all(key in json.loads(json.loads(g["params"].get("resources", '"{}"'))) for g in cpu)

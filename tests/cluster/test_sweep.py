@@ -62,6 +62,20 @@ def test_searcher_without_its_package_is_named():
         parse_sweep({"space": {"E": {"uniform": [0.2, 1.0]}}, "search": {"kind": "optuna"}})
 
 
+def test_a_trial_takes_one_evaluator_unless_the_sweep_counts_them(tmp_path):
+    """Trials side by side share the cores: the default pool (`sandbox.evaluators: cores`) is one evaluator a
+    trial, in the configs that size the trials' placement groups and in the trials' own."""
+    from whale_ray.sweep import edge_configs
+    from whale_ray.sweep.trial import trial_config
+    from whale_ray.sweep.tuner import param_space
+
+    for base, evaluators in (({}, 1), ({"sandbox": {"evaluators": 3}}, 3)):
+        sweep = parse_sweep({"base": base, "points": [{"seed": 0}, {"seed": 1}]})
+        assert [c.sandbox.evaluators for c in edge_configs(sweep)] == [evaluators, evaluators]
+        params = {**param_space(sweep, tmp_path, "", "study"), "point": {"condition": "whale", "seed": 0}}
+        assert trial_config(params).sandbox.evaluators == evaluators
+
+
 def test_the_shipped_sweep_files_load_and_the_cli_rejects_a_bad_one(tmp_path, capsys):
     from whale_ray.cli import main
 

@@ -10,6 +10,18 @@ def test_defaults_are_the_papers_schedule():
     assert cfg.eval.test_samples == 8
 
 
+@pytest.mark.parametrize("cpus, evaluators", [(2, 1), (4, 1), (7, 1), (8, 2), (16, 4), (128, 32), (0, 1)])
+def test_the_default_pool_is_one_evaluator_per_four_cores(cpus, evaluators):
+    sandbox = load_config().sandbox
+    assert sandbox.evaluators == "cores" and sandbox.pool_bounds(cpus) == (evaluators, evaluators, False)
+    assert load_config(None, {"sandbox.evaluators": 3}).sandbox.pool_bounds(cpus) == (3, 3, False)  # a count stays
+
+
+def test_a_pool_of_cores_without_the_cluster_is_an_error_that_names_the_key():
+    with pytest.raises(ValueError, match="sandbox.evaluators 'cores'"):
+        load_config().sandbox.pool_bounds()
+
+
 def test_flags_override_file(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("E: 0.2\nI: 2\nweight:\n  samples_per_prompt: 4\n")
@@ -28,6 +40,8 @@ def test_flags_override_file(tmp_path):
         ({"weight.samples_per_prompt": 0}, "weight.samples_per_prompt"),
         ({"weight.nonsense": 1}, "weight.nonsense"),
         ({"data.source": "files"}, "needs data.train_path"),
+        ({"sandbox.evaluators": "many"}, "sandbox.evaluators"),
+        ({"sandbox.evaluators": 0}, "sandbox.evaluators"),
     ],
 )
 def test_bad_values_name_the_key(overrides, needle):

@@ -71,7 +71,8 @@ class RunDirectory:
         """The settings in which `cfg` differs from the run's config.yaml ("key: recorded -> given"). The
         recorded file is read through today's model, so a key that whale-ray gained since the run began
         takes its default there and conflicts only if `cfg` sets it otherwise. A setting the run resolves when
-        `cfg` leaves it unset (rsft_defaults.RESOLVED_KEYS) takes the recorded value then: no conflict."""
+        `cfg` leaves it unset (rsft_defaults.RESOLVED_KEYS) takes the recorded value then: no conflict; nor does
+        a pool sized to the cluster (`sandbox.evaluators: cores`, the default) against a recorded count."""
         path = self.root / "config.yaml"
         if not path.is_file():
             return []
@@ -81,7 +82,8 @@ class RunDirectory:
             return [f"config.yaml no longer loads ({e})"]
         given = dotted_keys(cfg.model_dump(mode="json"))
         return [f"{k}: {recorded.get(k)!r} -> {given.get(k)!r}" for k in sorted(set(recorded) | set(given))
-                if recorded.get(k) != given.get(k) and not (k in RESOLVED_KEYS and unset(given.get(k)))]
+                if recorded.get(k) != given.get(k) and not (k in RESOLVED_KEYS and unset(given.get(k)))
+                and not (k == "sandbox.evaluators" and given.get(k) == "cores")]
 
     def commit(self) -> None:
         """Puts everything written so far on record: one atomic rewrite of state.json. The time since the last

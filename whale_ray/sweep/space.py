@@ -213,7 +213,15 @@ def edge_configs(sweep: SweepConfig) -> list[WhaleConfig]:
     checks before any trial starts, and what sizes a trial's resources for max_concurrent_trials: auto."""
     base = dotted_keys(sweep.base)
     overrides = [*sweep.point_overrides(), *({k: v} for k, d in sweep.space.items() for v in d.edges())] or [{}]
-    return [load_config(None, {**base, **o}) for o in overrides]
+    return [as_trial(load_config(None, {**base, **o})) for o in overrides]
+
+
+def as_trial(cfg: WhaleConfig) -> WhaleConfig:
+    """`cfg` as a trial runs it: trials side by side share the cores, so a pool sized to them (`sandbox.evaluators:
+    cores`, the default) is one evaluator each."""
+    if cfg.sandbox.evaluators == "cores":
+        cfg.sandbox.evaluators = 1
+    return cfg
 
 
 def label(values: dict[str, Any]) -> str:

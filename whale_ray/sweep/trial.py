@@ -23,7 +23,7 @@ from typing import Any
 from whale_ray.config import WhaleConfig, load_config
 from whale_ray.resources import Placement, RoleResources, role_demands
 from whale_ray.schedules import has_phase
-from whale_ray.sweep.space import label
+from whale_ray.sweep.space import as_trial, label
 
 LAUNCHES = "trial_launches.jsonl"  # in each trial's run directory: one line per start and end of a launch
 
@@ -44,7 +44,7 @@ def trial_config(params: dict[str, Any], trial_id: str = "") -> WhaleConfig:
         name = f"{trial_id.rsplit('_', 1)[-1] or 'trial'}-{label(values)}"
     cfg = load_config(None, {**params["base"], **values, "run_dir": str(Path(params["root"]) / name)})
     cfg.run_dir = Path(cfg.run_dir).resolve()
-    return cfg
+    return as_trial(cfg)
 
 
 def _bundles(cfg: WhaleConfig) -> list[tuple[str, dict[str, float]]]:
