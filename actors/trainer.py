@@ -331,9 +331,7 @@ class Trainer:
             raise RuntimeError(f"Trainer failed earlier ({self._broken}); call load_checkpoint(path) to resume")
         if self._session is None:
             t0 = time.perf_counter()
-            if freed := free_orphaned_worker_groups():
-                self._emit("trainer_workers_freed", f"freed {len(freed)} placement group(s) of Ray Train runs whose "
-                           "controller died with its Trainer", actor="Trainer", groups=freed)
+            self._free_orphans()
             session = _Session(self._trainer_cfg, self._scaling, self._torch_config,
                                self.checkpoint_dir / "ray_train", self._resume)
             try:
@@ -345,6 +343,11 @@ class Trainer:
             self._adopt(ready)
             self._start_s += time.perf_counter() - t0
         return self._session
+
+    def _free_orphans(self) -> None:
+        if freed := free_orphaned_worker_groups():
+            self._emit("trainer_workers_freed", f"freed {len(freed)} placement group(s) of Ray Train runs whose "
+                       "controller died with its Trainer", actor="Trainer", groups=freed)
 
     def _adopt(self, reply: Reply) -> None:
         """The learner's step and rank 0's weights, where the reply carries them."""
@@ -504,8 +507,10 @@ class Trainer:
         self._end_session().close()
 
     def shutdown(self) -> None:
-        """End the Ray Train run and free its workers and queues. Idempotent."""
+        """End the Ray Train run and free its workers and queues, and any group an earlier Trainer of the run left
+        (one restarted by Ray starts its run before its predecessor's controller is known dead). Idempotent."""
         self._closed = True
         session = self._end_session()
         if session is not None:
             session.close()
+        self._free_orphans()
