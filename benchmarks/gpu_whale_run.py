@@ -94,11 +94,13 @@ ON_GPU = {"policy": {"device": "cuda", "dtype": "bfloat16", "max_batch": 256, "g
           "resources": {"policy_server": {"num_cpus": 1, "num_gpus": 0.5},
                         "trainer_worker": {"num_cpus": 2, "num_gpus": 0.5}}}
 PHASES = ("weight", "harness", "eval")
-# kept: the default; released: the default before it; phase-checkpoint: kept, and the Trainer's full state saved
-# only at each weight phase's end (weight.checkpoint_every), to show what a cycle's fixed cost is without the
-# per-step checkpoints a relaunch resumes from
+# kept: the workers kept up (the default) with the study's pool of 2 evaluators; released: the default before it;
+# phase-checkpoint: kept, and the Trainer's full state saved only at each weight phase's end
+# (weight.checkpoint_every), to show what a cycle's fixed cost is without the per-step checkpoints a relaunch
+# resumes from; cores: kept, with the default pool (sandbox.evaluators: cores, sized to the host's CPUs)
 SETTINGS = {"kept": {"weight": {"release_workers": False}}, "released": {"weight": {"release_workers": True}},
-            "phase-checkpoint": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000}}}
+            "phase-checkpoint": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000}},
+            "cores": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores"}}}
 
 
 def merge(a: dict, b: dict) -> dict:
