@@ -181,7 +181,11 @@ def free_orphaned_worker_groups() -> list[str]:
         g = gcs_pb2.PlacementGroupTableData.FromString(raw)
         if (g.state != gcs_pb2.PlacementGroupTableData.REMOVED and not g.is_detached and g.creator_actor_dead
                 and g.creator_actor_id in controllers):
-            remove_placement_group(PlacementGroup(ray.PlacementGroupID(g.placement_group_id)))
+            try:  # Ray Train's cleaner, where it works, or the GCS at its job's end may be removing it too
+                remove_placement_group(PlacementGroup(ray.PlacementGroupID(g.placement_group_id)))
+            except Exception as e:
+                log.warning("placement group %s of a dead Ray Train run: not removed (%s)", g.placement_group_id.hex(), e)
+                continue
             freed.append(g.placement_group_id.hex())
     return freed
 
@@ -345,7 +349,12 @@ class Trainer:
         return self._session
 
     def _free_orphans(self) -> None:
-        if freed := free_orphaned_worker_groups():
+        try:  # a clean-up on the way: a GCS that does not answer it must not stop the Trainer's own work
+            freed = free_orphaned_worker_groups()
+        except Exception as e:
+            log.warning("looking for placement groups of dead Ray Train runs failed: %s", e)
+            return
+        if freed:
             self._emit("trainer_workers_freed", f"freed {len(freed)} placement group(s) of Ray Train runs whose "
                        "controller died with its Trainer", actor="Trainer", groups=freed)
 
