@@ -173,15 +173,20 @@ def starts(run: Path) -> int:
     return sum(e["event"] == "start" for e in launches(run))
 
 
-def spans(run: Path) -> list[tuple[float, float]]:
-    """[start, end] of each launch of a trial that ended (a launch killed with the sweep has no end)."""
+def spans(run: Path, killed_at: float | None = None) -> list[tuple[float, float]]:
+    """[start, end] of each launch of a trial that ended; a launch killed with the sweep has no end, and counts
+    as running until `killed_at` (the time of the kill) when that is given and it started before."""
     out, start = [], None
     for e in launches(run):
         if e["event"] == "start":
+            if start is not None and killed_at is not None and start < killed_at:
+                out.append((start, killed_at))
             start = e["time"]
         elif e["event"] == "end" and start is not None:
             out.append((start, e["time"]))
             start = None
+    if start is not None and killed_at is not None and start < killed_at:
+        out.append((start, killed_at))
     return out
 
 

@@ -141,6 +141,7 @@ def test_asha_sweep_stops_laggards_runs_side_by_side_and_resumes_after_sigkill(t
     while not any(s == "TERMINATED" for s in tune_statuses(root).values()):  # pytest's timeout is the limit
         assert proc.poll() is None, f"the sweep ended before the kill point:\n{proc.stdout.read()[-3000:]}"
         time.sleep(0.05)
+    killed_at = time.time()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done_before = {t for t, s in tune_statuses(root).items() if s == "TERMINATED"}
@@ -164,9 +165,10 @@ def test_asha_sweep_stops_laggards_runs_side_by_side_and_resumes_after_sigkill(t
     assert stopped == {r.name for r in runs if "harness=bad" in r.name}
     full = {states[n].ledger.training_rollouts for n in finished}
     assert full == {16} and all(states[n].ledger.training_rollouts < 16 for n in stopped)
-    # side by side: two launches' [start, end] intervals overlap, each trial's actors in its own group
-    ended = [span for run in runs for span in spans(run)]
-    assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(ended) for b in ended[i + 1:]), ended
+    # side by side: two launches' [start, end] intervals overlap (a launch killed with the first sweep ran until the
+    # kill), each trial's actors in its own group
+    ran = [span for run in runs for span in spans(run, killed_at)]
+    assert any(a[0] < b[1] and b[0] < a[1] for i, a in enumerate(ran) for b in ran[i + 1:]), ran
     groups = [check_placed(run) for run in runs]
     assert all(groups) and len(set().union(*groups)) == sum(map(len, groups))
 
