@@ -302,8 +302,8 @@ def test_job_stop_and_resubmit_resume_under_a_live_endpoint(cluster, uninterrupt
     first = jobs.submit_job(entrypoint=entry, runtime_env={"working_dir": str(c["checkout"])})
     deadline = time.monotonic() + JOB_S
 
-    def running(job: str) -> None:  # or just finished, after the caller's loop looked: its loop ends then
-        assert time.monotonic() < deadline and jobs.get_job_status(job).value in ("PENDING", "RUNNING", "SUCCEEDED"), \
+    def running(job: str) -> None:
+        assert time.monotonic() < deadline and jobs.get_job_status(job).value in ("PENDING", "RUNNING"), \
             jobs.get_job_logs(job)[-4000:]
 
     while not (run_dir / "config.yaml").is_file():  # `whale serve --run-dir` needs the run on record
@@ -323,11 +323,12 @@ def test_job_stop_and_resubmit_resume_under_a_live_endpoint(cluster, uninterrupt
         cut = state(run_dir)
         assert not cut["finished"]
         second = jobs.submit_job(entrypoint=entry, runtime_env={"working_dir": str(c["checkout"])})
-        while jobs.get_job_status(second).value in ("PENDING", "RUNNING"):
-            running(second)
+        # one look at the status a round: the job may end between two looks
+        while (status := jobs.get_job_status(second).value) in ("PENDING", "RUNNING"):
+            assert time.monotonic() < deadline, jobs.get_job_logs(second)[-4000:]
             endpoint.check()
             time.sleep(2)
-        assert jobs.get_job_status(second).value == "SUCCEEDED", jobs.get_job_logs(second)[-4000:]
+        assert status == "SUCCEEDED", jobs.get_job_logs(second)[-4000:]
         final = state(run_dir)["weight_version"]
         while not endpoint.seen or endpoint.seen[-1][2] < final:  # the last checkpoint lands within a poll or two
             assert time.monotonic() < deadline

@@ -177,7 +177,6 @@ def test_two_workers_match_one_process_and_leave_nothing_behind(cluster, tiny_mo
     assert ddp_groups and all(state == "REMOVED" for state in ddp_groups)
 
 
-
 def test_the_group_of_a_trainer_killed_with_its_workers_is_freed_by_the_next_start(cluster, tiny_model, tmp_path):
     """A Trainer killed while its Ray Train run is up takes the run's controller with it, and the workers' placement
     group stays reserved (Ray Train's own cleaner needs the state API, which this cluster, like `whale run`'s, runs
