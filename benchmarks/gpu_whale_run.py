@@ -49,6 +49,8 @@ share of the lower one.
     python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --root /tmp/gpu-runs
     python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --engines vllm --settings kept,released \
         --weight-sync cuda_ipc --sleep-level 2 --limits
+    python benchmarks/gpu_whale_run.py --device cuda --model <smollm2> --random-1p7b --engines vllm \
+        --settings phase-checkpoint --weight-sync cuda_ipc --sleep-level 2    # the 1.7B shape, random weights
     python benchmarks/gpu_whale_run.py --device cpu --engines transformers --size tiny     # a CPU check
 """
 
@@ -119,9 +121,42 @@ def study(args: argparse.Namespace) -> dict:
         cfg = merge(cfg, {"policy": {"sleep_level": args.sleep_level}, "weight": {"weight_sync": args.weight_sync}})
     else:
         cfg = merge(cfg, {"policy": {"device": args.device}})
-    if args.model:
+    if args.random_1p7b:
+        if not args.model:
+            raise SystemExit("--random-1p7b takes its tokenizer from --model; give one")
+        cfg["policy"]["model"] = str(random_checkpoint(args.model.resolve(), args.root.resolve() / "qwen3-1p7b-random"))
+    elif args.model:
         cfg["policy"]["model"] = str(args.model.resolve())
     return cfg
+
+
+# Qwen3-1.7B's layers and widths (benchmarks/gpu_engines.py) with the vocabulary of the tokenizer it is given
+QWEN3_1P7B = dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                  intermediate_size=6144, tie_word_embeddings=True, max_position_embeddings=4096)
+
+
+def random_checkpoint(like: Path, out: Path) -> Path:
+    """A Qwen3-1.7B-shaped checkpoint with random bf16 weights (seed 0) and `like`'s tokenizer, chat template and
+    eos/pad ids, so that a whole run can be timed at that size; its completions are noise that runs to the token
+    budget, which the coin-flip harness does not read. The vocabulary is the tokenizer's, not Qwen3's 151,936."""
+    if (out / "model.safetensors").is_file() or (out / "model.safetensors.index.json").is_file():
+        return out
+    import torch
+    from transformers import AutoConfig, Qwen3Config, Qwen3ForCausalLM
+
+    src = AutoConfig.from_pretrained(like)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(**QWEN3_1P7B, vocab_size=src.vocab_size, eos_token_id=src.eos_token_id,
+                      pad_token_id=src.pad_token_id, bos_token_id=src.bos_token_id, dtype="bfloat16")
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(out)
+    for f in like.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+            shutil.copy(f, out / f.name)
+    print(f"random checkpoint {out}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters, "
+          f"vocabulary {src.vocab_size} (the tokenizer's of {like})", flush=True)
+    return out
 
 
 def seed_harness(kind: str, root: Path) -> Path | None:
@@ -356,6 +391,8 @@ def main() -> int:
     ap.add_argument("--engines", default="vllm,transformers", help="comma-separated; ratios are to the last")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--model", type=Path, help="policy checkpoint (default: the embedded tiny policy)")
+    ap.add_argument("--random-1p7b", action="store_true", help="run a Qwen3-1.7B-shaped checkpoint of random weights "
+                                                                "with --model's tokenizer (built once under --root)")
     ap.add_argument("--root", type=Path, default=Path("/tmp/whale-gpu-runs"), help="run directories and logs")
     ap.add_argument("--size", default="full", choices=tuple(SIZES))
     ap.add_argument("--isolation", default="auto", choices=("auto", "bwrap", "unsafe_none"))
