@@ -26,6 +26,10 @@ leave by the run's weight sync (actors/weight_sync.py), which asks this actor fo
   PolicyServer replicas over a group of their own while they receive (actors/broadcast_sync.py orchestrates;
   whale_ray/policy/weight_broadcast.py is the group).
 
+`save_checkpoint(path, v, wait=False)` has rank 0 write the checkpoint in the background while the run goes on
+(the next step's rollouts); `checkpoint_written(path)` waits for it, and only then is it the state a new run or a
+restart starts from. Any call that changes the state (a step, a load, a release) waits for the write first.
+
 `release_workers()` saves the full state (model + optimizer) under `checkpoint_dir/live`, ends the fit
 and frees the workers' CPUs/GPUs (e.g. for the harness phase); the next call restarts from that state.
 
@@ -56,6 +60,7 @@ from actors.trainer_worker import (
     Broadcast,
     Command,
     Envelope,
+    Flush,
     Host,
     Load,
     Reply,
@@ -129,6 +134,7 @@ class LocalTrainer:
         self.checkpoint_dir = Path(checkpoint_dir)
         device = device or ("cuda" if cfg.use_gpu else "cpu")
         self.learner = RSFTLearner(model_path, device=device, **_learner_kwargs(cfg, model_path, seed, max_len))
+        self._written: str | None = None
 
     def version(self) -> int:
         return self.learner.step
@@ -143,9 +149,16 @@ class LocalTrainer:
         _check_version(self.learner.step, version, "state_dict")
         return self.learner.state_dict()
 
-    def save_checkpoint(self, path: str, version: int | None = None) -> str:
+    def save_checkpoint(self, path: str, version: int | None = None, *, wait: bool = True) -> str:
+        """Written before it returns, `wait` or not: there is no run beside an in-process learner to overlap."""
         _check_version(self.learner.step, version, "save_checkpoint")
-        return str(self.learner.save(path))
+        self._written = str(self.learner.save(path))
+        return self._written
+
+    def checkpoint_written(self, path: str) -> str:
+        if self._written != str(path):
+            raise StaleTrainer(f"checkpoint_written: {path} was not saved by this trainer")
+        return self._written
 
     def load_checkpoint(self, path: str) -> None:
         _check_checkpoint(Path(path))
@@ -299,6 +312,7 @@ class Trainer:
         self._group: tuple[Any, tuple] | None = None  # (session, GroupSpec.key) of the broadcast group rank 0 holds
         self._events = EventLog(events_dir) if events_dir else None
         self._start_s = 0.0  # seconds spent starting Ray Train runs that no step has reported yet
+        self._writing: tuple[str, _Session | None] | None = None  # (path, its run): rank 0 writes it in the background
         if ray.get_runtime_context().was_current_actor_reconstructed:
             self._come_back()
 
@@ -409,6 +423,7 @@ class Trainer:
     def train_step(self, examples: list[SFTExample], version: int | None = None) -> dict:
         """One RSFT step on the accepted examples, from weight `version`; metrics include "version" (the
         weights' version after it)."""
+        self._finish_writing()
         _check_version(self._version, version, "train_step")
         if not examples:
             return _no_op_metrics(self._version)
@@ -484,19 +499,47 @@ class Trainer:
     def version(self) -> int:
         return self._version
 
-    def save_checkpoint(self, path: str, version: int | None = None) -> str:
+    def save_checkpoint(self, path: str, version: int | None = None, *, wait: bool = True) -> str:
         """HF-format model (+ tokenizer files) + optimizer state + rsft_state.json of weight `version`;
-        returns the path."""
+        returns the path. With `wait=False` it returns once rank 0 has begun writing: see `checkpoint_written`."""
+        self._finish_writing()
         _check_version(self._version, version, "save_checkpoint")
         path = str(Path(path).resolve())
-        self._call_again_on_loss(Save(path))
-        self._saved(path)
+        self._call_again_on_loss(Save(path, background=not wait))
+        if wait:
+            self._saved(path)
+        else:
+            self._writing = (path, self._session)
         return path
+
+    def checkpoint_written(self, path: str) -> str:
+        """Waits until the checkpoint `save_checkpoint(path, wait=False)` began is on disk whole; returns its path.
+        A Trainer that is not writing it (restarted by Ray since, or its workers lost: the write died with them)
+        raises rather than let the run put on record a checkpoint that may be cut short."""
+        path = str(Path(path).resolve())
+        writing = self._writing and self._writing[0]
+        if writing != path:
+            raise StaleTrainer(f"checkpoint_written: the Trainer is not writing {path} (writing: {writing}); "
+                               "it was restarted since the write began")
+        self._finish_writing()
+        return path
+
+    def _finish_writing(self) -> None:
+        """The background write, if one was begun, waited for; then it is the state a new run starts from. A write
+        whose Ray Train run has ended since is lost with its rank 0 (StaleTrainer): no new run can finish it."""
+        if self._writing is None:
+            return
+        (path, session), self._writing = self._writing, None
+        if session is not self._session:
+            raise StaleTrainer(f"the checkpoint {path} was being written by a Ray Train run that has ended")
+        self._call(Flush())
+        self._saved(path)
 
     def load_checkpoint(self, path: str) -> None:
         """Restore model, optimizer and version from a `save_checkpoint` directory (exact resume)."""
         p = Path(path).resolve()
         _check_checkpoint(p)
+        self._writing = None  # a load replaces the state being written; the worker waits for the write first
         self._hosted = None  # the weights put so far are another state's
         if self._session is None:  # a new session can start straight from it
             self._broken, self._resume = None, str(p)
@@ -508,6 +551,7 @@ class Trainer:
     def release_workers(self) -> None:
         """Save the full state under checkpoint_dir/live and end the Ray Train run, freeing its CPUs/GPUs.
         The next call starts a new run from that state (costs one fit start-up)."""
+        self._finish_writing()
         if self._session is None:
             return
         live = str(self.checkpoint_dir / "live")

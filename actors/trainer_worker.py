@@ -7,7 +7,12 @@ named where it is made and where it is served:
     Train(examples)   one RSFT step on an object ref of the full example list (each rank takes its shard)
     Host()            rank 0 puts its CPU state dict in the object store
     Broadcast(spec)   rank 0 sends its weights to the PolicyServer replicas' group (actors/broadcast_sync.py)
-    Save(path), Load(path), Stop()
+    Save(path)        rank 0 writes the full state; in the background with `background`, until `Flush`
+    Flush()           waits for a background write (its failure is this command's)
+    Load(path), Stop()
+
+A command that changes the learner's state (Train, Load) or ends the run waits for a background write first, so a
+checkpoint always holds the state of the step it was begun at.
 
 Rank 0's weights after a change (the first `Reply`, a step that trained, a `Load`) travel as the sync mode
 carries them (`Worker.weights`): an object ref of the CPU state dict (put here, read by the servers: the
@@ -18,6 +23,7 @@ asked).
 
 from __future__ import annotations
 
+import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -48,6 +54,12 @@ class Broadcast:
 @dataclass(frozen=True)
 class Save:
     path: str
+    background: bool = False
+
+
+@dataclass(frozen=True)
+class Flush:
+    pass
 
 
 @dataclass(frozen=True)
@@ -60,7 +72,7 @@ class Stop:
     pass
 
 
-Command = Union[Train, Host, Broadcast, Save, Load, Stop]
+Command = Union[Train, Host, Broadcast, Save, Flush, Load, Stop]
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,31 @@ class Worker:
         self.mode, self.empty_cache = config["weight_sync"], config["empty_cache"]
         self.sharer = Sharer()  # rank 0: its parameters' IPC handles, made once for this run (cuda_ipc.py)
         self.sender = Sender()  # rank 0, weight_sync broadcast: its group with the replicas, kept between versions
+        self.writing: tuple[threading.Thread, list[BaseException]] | None = None  # rank 0: a background Save
+
+    def write(self, path: str) -> None:
+        """Rank 0 writes the full state to `path` in a thread; the commands that follow read it (Host, Broadcast)
+        or wait for it (`finish_write`)."""
+        failure: list[BaseException] = []
+
+        def save() -> None:
+            try:
+                self.learner.save(path)
+            except BaseException as e:  # raised again by the command that waits for it
+                failure.append(e)
+
+        thread = threading.Thread(target=save, name=f"checkpoint {path}", daemon=True)
+        thread.start()
+        self.writing = (thread, failure)
+
+    def finish_write(self) -> None:
+        """Waits for the background write, if one runs; its failure is raised here."""
+        if self.writing is None:
+            return
+        (thread, failure), self.writing = self.writing, None
+        thread.join()
+        if failure:
+            raise failure[0]
 
     def host(self) -> Any:
         if self.rank != 0:
@@ -114,6 +151,8 @@ class Worker:
     def serve(self, command: Command) -> dict[str, Any]:
         """The reply's fields for one command."""
         learner = self.learner
+        if not isinstance(command, (Host, Broadcast)):
+            self.finish_write()
         match command:
             case Train(examples):
                 try:
@@ -134,9 +173,13 @@ class Worker:
                     except WeightBroadcastError as e:
                         return {"send_error": str(e)}
                 return {}
-            case Save(path):
-                if self.rank == 0:
+            case Save(path, background):
+                if self.rank == 0 and background:
+                    self.write(path)
+                elif self.rank == 0:
                     learner.save(path)
+                return {}
+            case Flush():
                 return {}
             case Load(path):
                 learner.load(path)
@@ -168,6 +211,7 @@ def train_loop_per_worker(config: dict) -> None:
             envelope: Envelope = inbox.get()
             seq = envelope.seq
             if isinstance(envelope.command, Stop):
+                worker.finish_write()
                 outbox.put(Reply(rank, seq))
                 return
             outbox.put(Reply(rank, seq, **worker.serve(envelope.command)))

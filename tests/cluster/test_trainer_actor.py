@@ -122,6 +122,28 @@ def test_checkpoint_loads_in_transformers_and_resumes_exactly(trainer, tmp_path)
     assert _same(_weights(trainer), w1)
 
 
+def test_a_checkpoint_written_in_the_background_holds_the_step_it_was_begun_at(trainer, tmp_path):
+    """save_checkpoint(wait=False) returns while rank 0 writes; a step asked for meanwhile waits for the write, so
+    the checkpoint holds the weights of its own version; checkpoint_written names it once it is whole, and a path
+    that is not being written is refused (the Trainer was restarted since: that write is gone)."""
+    from transformers import AutoModelForCausalLM
+
+    v = ray.get(trainer.version.remote())
+    saved = _weights(trainer, v)
+    path = ray.get(trainer.save_checkpoint.remote(str(tmp_path / "bg"), v, wait=False))
+    m = ray.get(trainer.train_step.remote(MORE, v))  # the Trainer waits for the write before it steps
+    assert m["version"] == v + 1
+    assert _same(AutoModelForCausalLM.from_pretrained(path).state_dict(), saved)
+    assert json.loads((tmp_path / "bg" / "rsft_state.json").read_text())["step"] == v
+    with pytest.raises(StaleTrainer, match="not writing"):  # already waited for, by the step
+        ray.get(trainer.checkpoint_written.remote(path))
+    path = ray.get(trainer.save_checkpoint.remote(str(tmp_path / "bg2"), v + 1, wait=False))
+    assert ray.get(trainer.checkpoint_written.remote(path)) == path
+    assert json.loads((tmp_path / "bg2" / "rsft_state.json").read_text())["step"] == v + 1
+    ray.get(trainer.load_checkpoint.remote(str(tmp_path / "bg")))  # back to where the test began
+    assert ray.get(trainer.version.remote()) == v and _same(_weights(trainer, v), saved)
+
+
 def test_a_call_meant_for_another_weight_version_is_refused(trainer, tmp_path):
     """The guard that keeps a Trainer back from an older state (after a fault) from training, saving or
     handing out the wrong weights: every call naming a version it does not hold is refused, nothing changes."""

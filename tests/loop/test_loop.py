@@ -86,20 +86,30 @@ class Weights:
 class Trainer:
     def __init__(self):
         self.version, self.saved, self.examples = 0, [], []
+        self.writing = None  # (path, version) of a checkpoint begun with wait=False
 
     def train_step(self, examples, version):
         assert version == self.version, f"the loop expects version {version}, the trainer holds {self.version}"
+        assert self.writing is None, "a step while a checkpoint of the state is being written"
         self.examples.append(list(examples))
         if not examples:
             return {"trained": False, "version": self.version, "loss": float("nan")}
         self.version += 1
         return {"trained": True, "version": self.version, "loss": 1.0 / self.version}
 
-    def save_checkpoint(self, path, version):
-        assert version == self.version
+    def save_checkpoint(self, path, version, *, wait=True):
+        """wait=False: written only when `checkpoint_written` is called, as if the write took until then (a crash
+        before it leaves no checkpoint there); a step or another save in between is the loop's fault."""
+        assert version == self.version and self.writing is None
+        self.writing = (path, version)
+        return self.checkpoint_written(path) if wait else path
+
+    def checkpoint_written(self, path):
+        assert self.writing is not None and self.writing[0] == path, (self.writing, path)
+        (path, version), self.writing = self.writing, None
         Path(path).mkdir(parents=True, exist_ok=True)
-        (Path(path) / "version").write_text(str(self.version))
-        self.saved.append(self.version)
+        (Path(path) / "version").write_text(str(version))
+        self.saved.append(version)
         return path
 
     def load_checkpoint(self, path):
@@ -215,6 +225,42 @@ def test_relaunch_after_a_crash_ends_where_an_uninterrupted_run_ends(crash_at, c
     on_record = {f.name for f in after.rollout_files}
     assert {p.stem for p in (cfg.run_dir / "rollouts").glob("*")} == on_record
     assert {p.stem for p in (cfg.run_dir / "train").glob("*")} == set(after.train_steps)
+
+
+class CrashWhileWriting(Pool):
+    """The process dies in the first rollouts that run while the trainer writes a checkpoint."""
+
+    def __init__(self, trainer):
+        super().__init__()
+        self.trainer = trainer
+
+    def run(self, work, on_done):
+        if self.trainer.writing is not None:
+            raise Crash(f"killed while {self.trainer.writing[0]} was being written")
+        return super().run(work, on_done)
+
+
+def test_a_crash_while_a_checkpoint_is_written_resumes_from_the_one_before(tmp_path):
+    """A step's checkpoint is written while the next step's rollouts run: a crash then leaves neither that
+    checkpoint nor the step it holds on record, and the relaunch redoes the step and ends as a clean run does."""
+    over = {"condition": "rsft_only", "weight__prompts_per_step": 1}
+    clean_cfg = small_config(tmp_path / "clean", **over)
+    make_loop(clean_cfg)[0].run()
+    cfg = small_config(tmp_path / "run", **over)
+    trainer = Trainer()
+    loop, _ = make_loop(cfg, pool=CrashWhileWriting(trainer), trainer=trainer)
+    with pytest.raises(Crash):
+        loop.run()
+    path, version = trainer.writing
+    before = RunState.load(cfg.run_dir)
+    assert before.weight_version < version and not Path(path).exists()
+    assert before.checkpoint != str(Path(path).relative_to(cfg.run_dir.resolve()))
+    assert len(before.train_steps) < len(trainer.examples)  # the step the checkpoint holds is not on record
+    resumed = Trainer()
+    if before.checkpoint:
+        resumed.load_checkpoint(cfg.run_dir / before.checkpoint)
+    make_loop(cfg, trainer=resumed)[0].run()
+    assert comparable(RunState.load(cfg.run_dir)) == comparable(RunState.load(clean_cfg.run_dir))
 
 
 def test_train_step_records_name_the_accepted_calls(tmp_path):
@@ -355,7 +401,9 @@ def test_every_act_of_every_phase_is_timed_once_and_the_episodes_add_up(tmp_path
     steps = len(state.train_steps)
     assert len(acts("weight", "train")) == len(acts("weight", "sleep")) == len(acts("weight", "sync")) == steps
     assert [line["workers_start_s"] for line in acts("weight", "train")] == [0.2] + [0.0] * (steps - 1)
-    assert len(acts("weight", "checkpoint")) == len(roles.trainer.saved)
+    begun = [line for line in acts("weight", "checkpoint") if "version" in line]  # and one wait for each
+    assert [line["version"] for line in begun] == roles.trainer.saved
+    assert len(acts("weight", "checkpoint")) == 2 * len(begun)
     assert len(acts("harness", "propose")) == len(state.proposer_sessions)
     for phase in ("weight", "harness", "validate", "val", "test"):  # every pool call is verified once
         assert len(acts(phase, "verify")) == len(acts(phase, "rollouts")) > 0

@@ -7,13 +7,16 @@
         every `checkpoint_every` steps, checkpoint and commit
 
 A step's work goes on record only with a checkpoint, so a relaunch restarts from the last checkpoint and
-redoes the steps after it with the same prompts and seeds: no optimizer step is lost or taken twice.
+redoes the steps after it with the same prompts and seeds: no optimizer step is lost or taken twice. The Trainer
+writes a step's checkpoint while the next step's rollouts run, and the commit waits for the write (before that
+step's own work is recorded or trained on); the phase's last checkpoint is waited for at once.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 from whale_ray.loop.context import RunContext
 from whale_ray.loop.rollouts import episode_seed, mean_reward, rollout
@@ -66,6 +69,7 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
     n_weight = len(ctx.splits.weight)
     budget = max(1, round(phase.budget * n_weight))
     since_checkpoint = 0
+    writing: Path | None = None  # a checkpoint being written while this step's rollouts run
     while prog.prompts_done < budget:
         if phase.adaptive and weight_phase_should_stop(prog.prompts_done / n_weight, prog.step_rewards, ctx.cfg.adaptive):
             break
@@ -75,6 +79,9 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         name = weight_step_name(cycle, prog.units_done)
         rollouts = rollout(ctx, state.accepted_harness, tasks, samples=cfg.samples_per_prompt, phase="weight",
                            cycle=cycle, unit=prog.units_done)
+        if writing is not None:
+            checkpoint_written(ctx, writing)
+            writing = None
         ctx.run.write_rollouts(name, "weight", cycle, rollouts)
         examples, sources = training_examples(ctx, rollouts, tasks)
         version_before = state.weight_version
@@ -103,16 +110,18 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         prog.units_done += 1
         state.weight_cursor, state.weight_pass = cursor, weight_pass
         if since_checkpoint >= cfg.checkpoint_every:
-            checkpoint(ctx)
+            writing = begin_checkpoint(ctx)
             since_checkpoint = 0
-        prog.wall_s += time.perf_counter() - started  # the checkpoint's time included; on record with the next commit
-        if since_checkpoint == 0:
+        prog.wall_s += time.perf_counter() - started  # on record with the next commit
+        if since_checkpoint == 0 and writing is None:
             ctx.run.commit()  # nothing trained since the last checkpoint: the trainer's state is on record
         ctx.progress.set(detail=f"step {prog.units_done}: reward {reward:.3f}, {len(examples)} accepted calls, "
                                 f"loss {metrics.get('loss', float('nan')):.3f}")
     started = time.perf_counter()
+    if writing is not None:
+        checkpoint_written(ctx, writing)
     if since_checkpoint:
-        checkpoint(ctx)
+        checkpoint_written(ctx, begin_checkpoint(ctx))
     if trainer is not None and cfg.release_workers:
         with ctx.run.timed("weight", "release"):
             sync.release()
@@ -121,12 +130,22 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
     ctx.run.commit()
 
 
-def checkpoint(ctx: RunContext) -> None:
-    """The current weights (and optimizer) as checkpoints/v<N>; then everything up to here goes on record."""
+def begin_checkpoint(ctx: RunContext) -> Path:
+    """The Trainer begins writing the current weights (and optimizer) as checkpoints/v<N>; the path, for
+    `checkpoint_written`."""
     state = ctx.run.state
     path = ctx.run.checkpoint_path(state.weight_version)
-    with ctx.run.timed("weight", "checkpoint"):
-        ctx.roles.trainer.save_checkpoint(str(path), state.weight_version)
-    state.checkpoint = ctx.run.relative(path)
+    with ctx.run.timed("weight", "checkpoint") as timing:
+        ctx.roles.trainer.save_checkpoint(str(path), state.weight_version, wait=False)
+        timing["version"] = state.weight_version
+    return path
+
+
+def checkpoint_written(ctx: RunContext, path: Path) -> None:
+    """Waits for the write; then the checkpoint, and everything up to the step it holds, goes on record."""
+    with ctx.run.timed("weight", "checkpoint") as timing:
+        ctx.roles.trainer.checkpoint_written(str(path))
+        timing["written"] = True
+    ctx.run.state.checkpoint = ctx.run.relative(path)
     ctx.run.commit()
     ctx.run.prune_checkpoints()
