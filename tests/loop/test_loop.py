@@ -401,9 +401,10 @@ def test_every_act_of_every_phase_is_timed_once_and_the_episodes_add_up(tmp_path
     steps = len(state.train_steps)
     assert len(acts("weight", "train")) == len(acts("weight", "sleep")) == len(acts("weight", "sync")) == steps
     assert [line["workers_start_s"] for line in acts("weight", "train")] == [0.2] + [0.0] * (steps - 1)
-    begun = [line for line in acts("weight", "checkpoint") if "version" in line]  # and one wait for each
+    begun = [line for line in acts("weight", "checkpoint") if "version" in line]  # and one wait for each background one
     assert [line["version"] for line in begun] == roles.trainer.saved
-    assert len(acts("weight", "checkpoint")) == 2 * len(begun)
+    waits = len(acts("weight", "checkpoint")) - len(begun)
+    assert waits == sum(line["background"] for line in begun) == len(begun)  # each step's, the last one's too
     assert len(acts("harness", "propose")) == len(state.proposer_sessions)
     for phase in ("weight", "harness", "validate", "val", "test"):  # every pool call is verified once
         assert len(acts(phase, "verify")) == len(acts(phase, "rollouts")) > 0

@@ -110,7 +110,7 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         prog.units_done += 1
         state.weight_cursor, state.weight_pass = cursor, weight_pass
         if since_checkpoint >= cfg.checkpoint_every:
-            writing = begin_checkpoint(ctx)
+            writing = checkpoint(ctx, wait=False)
             since_checkpoint = 0
         prog.wall_s += time.perf_counter() - started  # on record with the next commit
         if since_checkpoint == 0 and writing is None:
@@ -121,7 +121,7 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
     if writing is not None:
         checkpoint_written(ctx, writing)
     if since_checkpoint:
-        checkpoint_written(ctx, begin_checkpoint(ctx))
+        checkpoint(ctx, wait=True)
     if trainer is not None and cfg.release_workers:
         with ctx.run.timed("weight", "release"):
             sync.release()
@@ -130,22 +130,29 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
     ctx.run.commit()
 
 
-def begin_checkpoint(ctx: RunContext) -> Path:
-    """The Trainer begins writing the current weights (and optimizer) as checkpoints/v<N>; the path, for
-    `checkpoint_written`."""
+def checkpoint(ctx: RunContext, *, wait: bool) -> Path | None:
+    """The current weights (and optimizer) as checkpoints/v<N>, on record at once; with `wait=False` the Trainer
+    writes them in the background and the path comes back for `checkpoint_written`."""
     state = ctx.run.state
     path = ctx.run.checkpoint_path(state.weight_version)
     with ctx.run.timed("weight", "checkpoint") as timing:
-        ctx.roles.trainer.save_checkpoint(str(path), state.weight_version, wait=False)
-        timing["version"] = state.weight_version
-    return path
+        ctx.roles.trainer.save_checkpoint(str(path), state.weight_version, wait=wait)
+        timing.update(version=state.weight_version, background=not wait)
+    if not wait:
+        return path
+    on_record(ctx, path)
+    return None
 
 
 def checkpoint_written(ctx: RunContext, path: Path) -> None:
-    """Waits for the write; then the checkpoint, and everything up to the step it holds, goes on record."""
+    """Waits for a background write; then the checkpoint, and everything up to the step it holds, goes on record."""
     with ctx.run.timed("weight", "checkpoint") as timing:
         ctx.roles.trainer.checkpoint_written(str(path))
         timing["written"] = True
+    on_record(ctx, path)
+
+
+def on_record(ctx: RunContext, path: Path) -> None:
     ctx.run.state.checkpoint = ctx.run.relative(path)
     ctx.run.commit()
     ctx.run.prune_checkpoints()
