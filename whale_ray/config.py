@@ -431,6 +431,10 @@ def with_trackers(tree: dict[str, Any], names: list[str], mlflow_uri: Optional[s
 class EvalConfig(_Strict):
     test_samples: int = Field(8, gt=0)  # mean@8
     val_samples: int = Field(4, gt=0)
+    # A cycle's D_val and D_test evaluations run beside the next pool call made under the weights the cycle ended
+    # with (its episodes join that call's), or while a proposer session runs; the rows are the same as with false,
+    # where they run alone at the cycle's end (whale_ray/loop/report.py).
+    overlap: bool = True
 
 
 # 1: before the domain plug-ins (retrieval/judge written for every domain); 2: a domain's sections only for it;

@@ -85,6 +85,22 @@ class CycleRow(BaseModel):
     ledger: Optional[Ledger] = None  # the run's ledgers when the row was recorded (None: rows of older runs)
 
 
+class PendingReport(BaseModel):
+    """A cycle whose phases are done and whose row waits on its D_val (and D_test) evaluations: what the row says of
+    the cycle, fixed when it ended (whale_ray/loop/report.py)."""
+
+    cycle: int  # the loop's cycle index; -1: the start, (θ0, h0)
+    phases: str
+    weight_version: int
+    checkpoint: Optional[str]
+    harness_id: str
+    harness_success: Optional[float]
+    train_reward: Optional[float]
+    start: Ledger  # the ledger when the cycle began and when its phases ended
+    spent: Ledger
+    wall_s: float
+
+
 class IterationRow(BaseModel):
     """One harness iteration as it ended: what its candidates scored and which harness it left accepted."""
 
@@ -136,6 +152,7 @@ class RunState(BaseModel):
     weight_cursor: int = 0  # position in the current pass over D_weight
     weight_pass: int = 0  # how many passes over D_weight have started (seeds the shuffle)
     best: Optional[Selection] = None
+    report: Optional[PendingReport] = None  # the last cycle's row, while its evaluations run beside the next one
     ledger: Ledger = Field(default_factory=Ledger)
     cycle_start: Optional[Ledger] = None  # the ledger when the current cycle began
     history: list[CycleRow] = Field(default_factory=list)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -38,9 +39,10 @@ class Pool:
     answer is boxed gold on success. Crashes after `crash_after` episodes when asked to."""
 
     def __init__(self, crash_after: int | None = None):
-        self.crash_after, self.episodes = crash_after, 0
+        self.crash_after, self.episodes, self.calls = crash_after, 0, 0
 
     def run(self, work, on_done):
+        self.calls += 1
         out = []
         for item in work:
             level = 0.2 + 0.2 * item.harness_source.count("# better")
@@ -263,6 +265,126 @@ def test_a_crash_while_a_checkpoint_is_written_resumes_from_the_one_before(tmp_p
     assert comparable(RunState.load(cfg.run_dir)) == comparable(RunState.load(clean_cfg.run_dir))
 
 
+@pytest.mark.parametrize("condition", ["rsft_only", "mh_only", "whale", "stagewise"])
+def test_a_cycles_report_beside_the_next_cycle_gives_the_rows_it_gives_alone(condition, tmp_path):
+    """eval.overlap (the default) runs a cycle's D_val and D_test evaluations beside the next cycle's first pool
+    call under the same weights, or beside a proposer session: the same rows, evaluations and ledger as running
+    them alone at the cycle's end, recomputed from the files (tests/run_truth.py); fewer pool calls."""
+    from tests.run_truth import check_ledger, check_selection
+
+    alone_cfg = small_config(tmp_path / "alone", condition=condition, eval__overlap=False)
+    alone_loop, alone = make_loop(alone_cfg)
+    alone_loop.run()
+    cfg = small_config(tmp_path / "beside", condition=condition)
+    loop, beside = make_loop(cfg)
+    loop.run()
+    state = RunState.load(cfg.run_dir)
+    assert comparable(state) == comparable(RunState.load(alone_cfg.run_dir))
+    check_selection(cfg.run_dir, state.model_dump())
+    check_ledger(cfg, cfg.run_dir, state.model_dump())
+    assert beside.pool.episodes == alone.pool.episodes == sum(f.rows for f in state.rollout_files)
+    assert beside.pool.calls < alone.pool.calls
+    lines = [json.loads(line) for line in (cfg.run_dir / "timings.jsonl").read_text().splitlines()]
+    assert any(line.get("report_episodes") for line in lines)
+    lines = [json.loads(line) for line in (alone_cfg.run_dir / "timings.jsonl").read_text().splitlines()]
+    assert not any(line.get("report_episodes") for line in lines)
+
+
+class CrashBeside(Pool):
+    """Dies in the n-th pool call that holds D_val episodes beside other work, or in the call after it."""
+
+    def __init__(self, val_ids, n, after):
+        super().__init__()
+        self.val_ids, self.n, self.after, self.seen, self.crash_next = val_ids, n, after, 0, False
+
+    def run(self, work, on_done):
+        if self.crash_next:
+            raise Crash("killed in the call after a report ran beside a phase")
+        if len(work) > 1 and any(job.task.id in self.val_ids for item in work for job in item.jobs):
+            self.seen += 1
+            if self.seen == self.n:
+                if not self.after:
+                    raise Crash("killed while a report ran beside a phase")
+                self.crash_next = True
+        return super().run(work, on_done)
+
+
+@pytest.mark.parametrize("after", [False, True])
+def test_a_kill_while_a_report_runs_beside_a_phase_redoes_nothing_on_record(after, tmp_path):
+    """Killed in the pool call that carries the start's D_val beside cycle 1's first weight step (or in the next
+    call: its D_test, alone once D_val is on record, before the step trains), the relaunch ends where a clean run
+    ends and runs only the episodes that were not on record."""
+    over = {"condition": "rsft_only", "weight__prompts_per_step": 1}
+    clean_cfg = small_config(tmp_path / "clean", **over)
+    clean_loop, clean = make_loop(clean_cfg)
+    clean_loop.run()
+    cfg = small_config(tmp_path / "run", **over)
+    loop, _ = make_loop(cfg, pool=CrashBeside({t.id for t in clean_loop.ctx.splits.val}, n=1, after=after))
+    with pytest.raises(Crash):
+        loop.run()
+    before = RunState.load(cfg.run_dir)
+    assert before.report.cycle == -1 and not before.history and not before.train_steps  # row 0 waits
+    assert [e.split for e in before.evaluations if e.weight_version == before.report.weight_version] == (
+        ["val"] if after else [])
+    trainer = Trainer()
+    if before.checkpoint:
+        trainer.load_checkpoint(cfg.run_dir / before.checkpoint)
+    loop, roles = make_loop(cfg, trainer=trainer)
+    loop.run()
+    after_state = RunState.load(cfg.run_dir)
+    assert comparable(after_state) == comparable(RunState.load(clean_cfg.run_dir))
+    assert roles.pool.episodes == clean.pool.episodes - sum(f.rows for f in before.rollout_files)
+
+
+class GatedPool(Pool):
+    """A call of D_val episodes alone (a report run apart from any phase's call) waits (up to 10 s) for a proposer
+    session to open before it runs, and says so when it has run."""
+
+    def __init__(self, val_ids):
+        super().__init__()
+        self.val_ids, self.session_open, self.ran, self.gates = val_ids, threading.Event(), threading.Event(), []
+
+    def run(self, work, on_done):
+        alone = all(job.task.id in self.val_ids for item in work for job in item.jobs)
+        if alone:
+            self.gates.append(self.session_open.wait(10))
+        out = super().run(work, on_done)
+        if alone:
+            self.ran.set()
+        return out
+
+
+class WaitingProposer(Proposer):
+    """The session of one iteration opens the pool's gate and waits (up to 10 s) for a report's call to run: a
+    proposer thinking for minutes while the pool works."""
+
+    def __init__(self, pool, iteration):
+        self.pool, self.iteration, self.overlapped = pool, iteration, None
+
+    def session(self, archive_root, n, iteration, limits, log_path):
+        if iteration == self.iteration:
+            self.pool.session_open.set()
+            self.overlapped = self.pool.ran.wait(10)
+        return super().session(archive_root, n, iteration, limits, log_path)
+
+
+def test_a_cycles_report_runs_while_a_proposer_session_runs(tmp_path):
+    """mh_only's cycle 2 starts with the incoming harness already scored, so its first pool call waits on a
+    proposer session: cycle 1's report runs in the pool meanwhile, its row announced in the loop's thread."""
+    cfg = small_config(tmp_path / "run", condition="mh_only")
+    domain = get_domain(cfg.domain)
+    pool = GatedPool({t.id for t in domain.load_splits(cfg.data, cfg.seed).val})
+    loop, roles = make_loop(cfg, pool=pool)
+    # archive-wide iterations: cycle 2's are I + 1 (the incoming harness, scored under these weights: no pool
+    # call) and I + 2, its first session
+    roles.proposer = loop.ctx.roles.proposer = WaitingProposer(pool, iteration=cfg.I + 2)
+    announced = []  # each row once, in the loop's thread (a Tune trial reports from it)
+    loop.run(on_cycle=lambda row: announced.append((row.cycle, threading.current_thread() is threading.main_thread())))
+    state = RunState.load(cfg.run_dir)
+    assert pool.gates[0] is True and roles.proposer.overlapped is True  # both ends waited on the other
+    assert announced == [(row.cycle, True) for row in state.history] and len(state.history) == cfg.cycles + 1
+
+
 def test_train_step_records_name_the_accepted_calls(tmp_path):
     cfg = small_config(tmp_path / "run", condition="rsft_only")
     loop, roles = make_loop(cfg)
@@ -392,12 +514,15 @@ def test_every_act_of_every_phase_is_timed_once_and_the_episodes_add_up(tmp_path
     def acts(phase, act):
         return [line for line in lines if line["phase"] == phase and line["act"] == act]
 
-    def episodes(*phases):
-        return sum(line["episodes"] for p in phases for line in acts(p, "rollouts"))
+    def episodes(*phases, key="episodes"):
+        return sum(line.get(key, 0) for p in phases for line in acts(p, "rollouts"))
 
-    assert episodes("weight") == state.ledger.weight_rollouts
-    assert episodes("harness", "validate") == state.ledger.harness_rollouts
-    assert episodes("val", "test") == state.ledger.eval_rollouts
+    # a cycle's evaluations ran beside the next cycle's first pool call: counted there, and as the report's
+    beside = episodes("weight", "harness", "validate", key="report_episodes")
+    assert episodes("weight") - episodes("weight", key="report_episodes") == state.ledger.weight_rollouts
+    assert (episodes("harness", "validate") - episodes("harness", "validate", key="report_episodes")
+            == state.ledger.harness_rollouts)
+    assert episodes("val", "test") + beside == state.ledger.eval_rollouts and beside > 0
     steps = len(state.train_steps)
     assert len(acts("weight", "train")) == len(acts("weight", "sleep")) == len(acts("weight", "sync")) == steps
     assert [line["workers_start_s"] for line in acts("weight", "train")] == [0.2] + [0.0] * (steps - 1)
@@ -419,9 +544,9 @@ def test_the_time_breakdown_adds_up_from_the_run_directory_alone(tmp_path):
     make_loop(cfg, trainer=SlowFirstStart())[0].run()
     state = RunState.load(cfg.run_dir)
     b = time_breakdown(cfg.run_dir)
-    assert b.phases["weight"].episodes == state.ledger.weight_rollouts
-    assert b.phases["harness"].episodes == state.ledger.harness_rollouts
-    assert b.phases["eval"].episodes == state.ledger.eval_rollouts
+    own = {k: p.episodes - p.report_episodes for k, p in b.phases.items()}
+    assert own["weight"] == state.ledger.weight_rollouts and own["harness"] == state.ledger.harness_rollouts
+    assert own["eval"] + sum(p.report_episodes for p in b.phases.values()) == state.ledger.eval_rollouts
     for p in b.phases.values():
         assert sum(v for k, v in p.acts.items() if k != "workers_start") <= p.wall_s + 1e-3
     assert b.phases["weight"].acts["workers_start"] == pytest.approx(0.2)  # reported by the step

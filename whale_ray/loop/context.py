@@ -8,6 +8,7 @@ in-process objects. The loop never imports Ray.
 from __future__ import annotations
 
 import threading
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -15,7 +16,8 @@ from whale_ray.archive import Archive
 from whale_ray.config import WhaleConfig
 from whale_ray.domain import Domain, Splits
 from whale_ray.loop.run_dir import RunDirectory
-from whale_ray.records import EpisodeJob, EpisodeResult, Task
+from whale_ray.records import EpisodeJob, EpisodeResult, Rollout, Task
+from whale_ray.run_state import RolloutPhase
 
 
 class WeightSync(Protocol):
@@ -56,6 +58,28 @@ class EpisodeWork:
 class EpisodePool(Protocol):
     def run(self, work: list[EpisodeWork], on_done: Callable[[int], None]) -> list[list[EpisodeResult]]:
         """Every job of every item, in order; `on_done(n)` as each n episodes finish."""
+
+
+@dataclass(frozen=True)
+class Batch:
+    """`samples` episodes per task for one harness, seeded by and filed under (phase, cycle, unit)."""
+
+    harness_id: str
+    tasks: list[Task]
+    samples: int
+    phase: RolloutPhase
+    cycle: int
+    unit: int
+
+
+class CycleReport(Protocol):
+    """A cycle's D_val and D_test evaluations, which wait for the next pool call under the weights the cycle ended
+    with (whale_ray/loop/report.py)."""
+
+    def beside(self) -> list[Batch]: ...  # what joins the caller's pool call
+    def take(self, batches: list[Batch], results: list[list[Rollout]]) -> None: ...
+    def finish(self) -> None: ...  # the rest, alone: the weights are about to change
+    def meanwhile(self) -> AbstractContextManager[None]: ...  # the rest, while the caller waits on a proposer
 
 
 @dataclass
@@ -100,3 +124,4 @@ class RunContext:
     archive: Archive
     roles: Roles
     progress: Progress
+    report: CycleReport = field(init=False)  # set by the loop: it runs its episodes through this context

@@ -108,7 +108,7 @@ class HarnessSearch:
             self.record_proposer_sessions(sdir)
             limits = remaining_limits(hp, total_usage(state.proposer_sessions))
             ctx.progress.set(detail=f"iteration {iteration}: {hp.proposer} proposer session")
-            with ctx.run.timed("harness", "propose"):
+            with ctx.run.timed("harness", "propose"), ctx.report.meanwhile():
                 result = ctx.roles.proposer.session(str(ctx.archive.root), hp.candidates_per_iteration, iteration,
                                                     limits.to_dict(), str(sdir / PARTIAL_FILE))
             record = {**result["session"], "proposals": result["proposals"], "cycle": cycle}

@@ -10,8 +10,9 @@ import hashlib
 from typing import Any, Callable
 
 from whale_ray.domain import Domain
-from whale_ray.loop.context import EpisodeWork, RunContext
+from whale_ray.loop.context import Batch, EpisodeWork, RunContext
 from whale_ray.records import EpisodeJob, EpisodeResult, Rollout, Task
+from whale_ray.run_state import RolloutPhase
 
 
 def episode_seed(*parts: Any) -> int:
@@ -44,16 +45,29 @@ def mean_reward(rollouts: list[Rollout]) -> float:
     return sum(r.reward for r in rollouts) / len(rollouts)
 
 
-def rollout_many(ctx: RunContext, work: list[tuple[str, list[Task], int]], *, phase: str, cycle: int,
+def rollout_many(ctx: RunContext, work: list[tuple[str, list[Task], int]], *, phase: RolloutPhase, cycle: int,
                  unit: int) -> list[list[Rollout]]:
-    """`samples` episodes per task for each (harness id, tasks, samples), all in the pool at once, scored."""
+    """`samples` episodes per task for each (harness id, tasks, samples), all in the pool at once, scored. A cycle's
+    report waiting on an evaluation under the loaded weights (report.py) sends its episodes into the same call."""
+    if not work:
+        return []
+    own = [Batch(harness_id, tasks, samples, phase, cycle, unit) for harness_id, tasks, samples in work]
+    beside = ctx.report.beside()
+    results = run_batches(ctx, own + beside, timed_as=phase)
+    if beside:
+        ctx.report.take(beside, results[len(own):])
+    return results[:len(own)]
+
+
+def run_batches(ctx: RunContext, batches: list[Batch], *, timed_as: str) -> list[list[Rollout]]:
+    """Every batch's episodes in one pool call, scored; timed as one act of the phase `timed_as`."""
     version = ctx.run.state.weight_version
     plans, items = [], []
-    for harness_id, tasks, samples in work:
-        meta = [(t, s, episode_seed(ctx.cfg.seed, phase, cycle, unit, harness_id, t.id, s))
-                for t in tasks for s in range(samples)]
-        plans.append((harness_id, meta))
-        items.append(EpisodeWork(ctx.archive.get(harness_id).code, f"{harness_id}.py",
+    for b in batches:
+        meta = [(t, s, episode_seed(ctx.cfg.seed, b.phase, b.cycle, b.unit, b.harness_id, t.id, s))
+                for t in b.tasks for s in range(b.samples)]
+        plans.append(meta)
+        items.append(EpisodeWork(ctx.archive.get(b.harness_id).code, f"{b.harness_id}.py",
                                  [EpisodeJob(task=t, seed=seed) for t, _, seed in meta]))
     ctx.progress.set(done=0, total=sum(len(w.jobs) for w in items))
     done = 0
@@ -63,15 +77,17 @@ def rollout_many(ctx: RunContext, work: list[tuple[str, list[Task], int]], *, ph
         done += n
         ctx.progress.set(done=done)
 
-    with ctx.run.timed(phase, "rollouts") as timing:
+    with ctx.run.timed(timed_as, "rollouts") as timing:
         results = ctx.roles.pool.run(items, on_done)
         timing["episodes"] = sum(len(w.jobs) for w in items)
-    with ctx.run.timed(phase, "verify"):
+        if report := sum(len(meta) for b, meta in zip(batches, plans) if b.phase != timed_as):
+            timing["report_episodes"] = report  # a cycle's report that ran beside this call
+    with ctx.run.timed(timed_as, "verify"):
         return [
-            [scored(ep, task, ctx.verifier, ctx.domain, phase=phase, cycle=cycle, harness_id=harness_id,
+            [scored(ep, task, ctx.verifier, ctx.domain, phase=b.phase, cycle=b.cycle, harness_id=b.harness_id,
                     sample=sample, seed=seed, weight_version=version)
              for (task, sample, seed), ep in zip(meta, episodes)]
-            for (harness_id, meta), episodes in zip(plans, results)
+            for b, meta, episodes in zip(batches, plans, results)
         ]
 
 
@@ -83,6 +99,6 @@ def scored(ep: EpisodeResult, task: Task, verifier: Callable[[Task, str | None],
     return Rollout.from_episode(ep, task=task, reward=reward, metrics=domain.episode_metrics(task, ep), **fields)
 
 
-def rollout(ctx: RunContext, harness_id: str, tasks: list[Task], *, samples: int, phase: str, cycle: int,
+def rollout(ctx: RunContext, harness_id: str, tasks: list[Task], *, samples: int, phase: RolloutPhase, cycle: int,
             unit: int) -> list[Rollout]:
     return rollout_many(ctx, [(harness_id, tasks, samples)], phase=phase, cycle=cycle, unit=unit)[0]

@@ -114,7 +114,8 @@ class RunDirectory:
     @contextmanager
     def timed(self, phase: str, act: str) -> Iterator[dict[str, Any]]:
         """Times one act of a phase into timings.jsonl: {"phase", "act", "cycle" (the report row whose wall time it
-        is in: 0 for the start's evaluation, c + 1 for cycle c's phases and evaluation), "start" (Unix time, to
+        is in: c + 1 for cycle c's phases and for the evaluations that run in it, the start's and cycle c - 1's
+        report), "start" (Unix time, to
         match samples taken beside the run, such as the GPU's), "s"}. The act may add facts to the dict it is handed.
         A log, not state: time spent on work that a relaunch redoes stays in it, as it was spent."""
         facts: dict[str, Any] = {}
@@ -122,7 +123,7 @@ class RunDirectory:
         try:
             yield facts
         finally:
-            entry = {"phase": phase, "act": act, "cycle": len(self.state.history), "start": round(start, 3),
+            entry = {"phase": phase, "act": act, "cycle": self.state.cycle + 1, "start": round(start, 3),
                      "s": round(time.perf_counter() - t0, 4), **facts}
             self.root.mkdir(parents=True, exist_ok=True)
             with open(self._timings, "a") as f:

@@ -85,6 +85,7 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         ctx.run.write_rollouts(name, "weight", cycle, rollouts)
         examples, sources = training_examples(ctx, rollouts, tasks)
         version_before = state.weight_version
+        ctx.report.finish()  # the weights change next: the last cycle's report, if it still waits, runs now
         with ctx.run.timed("weight", "sleep"):
             sync.before_step()
         with ctx.run.timed("weight", "train") as timing:

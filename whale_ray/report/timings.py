@@ -3,7 +3,8 @@ files (each episode's own split: sandbox start, model calls, tools, teardown) an
 times). `whale status RUN_DIR --time` prints it; benchmarks/gpu_whale_run.py adds the GPU's and the cores' busy
 shares, sampled beside the run, to the same acts.
 
-Acts (whale_ray/loop): `rollouts` (the pool's wall time for a batch of episodes) and `verify` in every phase
+Acts (whale_ray/loop): `rollouts` (the pool's wall time for a batch of episodes; a cycle's D_val or D_test episodes
+that ran beside a phase's batch are in its count, and in its `report_episodes`) and `verify` in every phase
 (weight, harness, validate, val, test); `sleep`, `train`, `sync`, `checkpoint` and `release` in the weight phase;
 `propose` in the harness phase. A `train` act is split in two: the step itself, as the Trainer timed it (`step_s`)
 less the Ray Train run's start inside it (`workers_start_s`), and the rest, shown as w-start: the workers' start,
@@ -32,7 +33,8 @@ WORK_ACTS = ("rollouts", "verify", "propose")  # with a step's training proper: 
 class PhaseTime:
     wall_s: float = 0.0
     acts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    episodes: int = 0
+    episodes: int = 0  # in the phase's pool calls, a cycle's report that ran beside them included
+    report_episodes: int = 0  # of those, the report's
     episode_s: float = 0.0  # the episodes' own wall time, summed (several run at once)
     episode_parts: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -87,6 +89,7 @@ def time_breakdown(run_dir: Path) -> TimeBreakdown:
             p.acts[span["act"]] += span["s"]
         if span["act"] == "rollouts":
             p.episodes += span.get("episodes", 0)
+            p.report_episodes += span.get("report_episodes", 0)
     for kind in ("weight", "harness"):
         phases[kind].wall_s = state.phase_wall_s.get(kind, 0.0)
     phases["eval"].wall_s = phases["eval"].acts["rollouts"] + phases["eval"].acts["verify"]
