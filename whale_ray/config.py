@@ -136,6 +136,11 @@ class WeightPhaseConfig(_Strict):
     # price of a new run (seconds: processes, the model, a process group) in the next cycle. Off by default: the
     # workers need no more memory across the harness phase than they held beside the engine during the rollouts.
     release_workers: bool = False
+    # 1: the next step's rollouts run on the weights the servers hold while the Trainer takes the current step, so a
+    # step trains on samples one version old (every trained call's version is in its train/ record). The engine
+    # stays awake through the step (no sleep), so it and the Trainer must fit side by side. 0: on-policy, each
+    # step's rollouts from the weights it trains.
+    max_staleness: int = Field(0, ge=0, le=1)
     # How new weights reach the PolicyServer. object_store: a CPU state dict through the object store.
     # cuda_ipc (when training on a GPU; CPU training keeps the object store): CUDA IPC handles of the Trainer's
     # parameters themselves, copied GPU to GPU by a server on the same host; one on another host fetches them

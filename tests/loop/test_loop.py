@@ -385,6 +385,117 @@ def test_a_cycles_report_runs_while_a_proposer_session_runs(tmp_path):
     assert announced == [(row.cycle, True) for row in state.history] and len(state.history) == cfg.cycles + 1
 
 
+class ServedPool(Pool):
+    """Stamps each model call with the weight version last pushed to the servers, as a PolicyServer does."""
+
+    def __init__(self, weights):
+        super().__init__()
+        self.weights = weights
+
+    def run(self, work, on_done):
+        out = super().run(work, on_done)
+        served = (self.weights.pushed or [0])[-1]
+        for episodes in out:
+            for ep in episodes:
+                ep.calls[0].weight_version = served
+        return out
+
+
+class OverlapTrainer(Trainer):
+    """A step waits (up to 3 s) for the pool to start the next step's rollouts, and says whether it saw them."""
+
+    def __init__(self, pool):
+        super().__init__()
+        self.pool, self.overlapped = pool, []
+
+    def train_step(self, examples, version):
+        calls, self.in_step = self.pool.calls, True
+        deadline = time.monotonic() + 3
+        while self.pool.calls == calls and time.monotonic() < deadline:
+            time.sleep(0.005)
+        self.overlapped.append(self.pool.calls > calls)
+        self.in_step = False
+        return super().train_step(examples, version)
+
+
+class CrashAhead(Pool):
+    """Dies in the n-th pool call made while the trainer takes a step."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n, self.trainer = n, None
+
+    def run(self, work, on_done):
+        if getattr(self.trainer, "in_step", False):
+            self.n -= 1
+            if self.n == 0:
+                self.calls += 1  # seen by the trainer: the step goes on, as a remote one would
+                raise Crash("killed while a step's rollouts ran ahead")
+        return super().run(work, on_done)
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_with_max_staleness_1_the_next_steps_rollouts_run_while_the_trainer_takes_a_step(staleness, tmp_path):
+    """max_staleness 1: while the Trainer takes step s, step s + 1's rollouts run on the weights the servers hold, so
+    every trained sample is at most one version behind the step (its train/ record says how far), each phase's
+    first step on-policy; the engine sleeps only for each phase's last step. 0: every sample is from the step's own
+    weights."""
+    cfg = small_config(tmp_path / "run", condition="whale", weight__prompts_per_step=1,
+                       weight__max_staleness=staleness)
+    loop, roles = make_loop(cfg)
+    pool = roles.pool = loop.ctx.roles.pool = ServedPool(roles.weights)
+    trainer = roles.trainer = loop.ctx.roles.trainer = OverlapTrainer(pool) if staleness else roles.trainer
+    loop.run()
+    state = RunState.load(cfg.run_dir)
+    records = [json.loads((cfg.run_dir / "train" / f"{name}.json").read_text()) for name in sorted(state.train_steps)]
+    assert len(records) >= state.ledger.weight_steps > 2
+    for r in records:
+        lag = [r["version_before"] - e["weight_version"] for e in r["examples"]]
+        assert r["staleness"] == {str(k): lag.count(k) for k in sorted(set(lag))}
+        # a step that trained nothing leaves the next one's samples on the version it trains from
+        behind = staleness and r["step"] > 0 and r["version_before"] > records[records.index(r) - 1]["version_before"]
+        assert set(lag) <= ({1} if behind else {0}), (r["cycle"], r["step"], lag)
+    if staleness:  # every step but each phase's last trained beside the next one's rollouts, the engine awake
+        last = {(r["cycle"], max(q["step"] for q in records if q["cycle"] == r["cycle"])) for r in records}
+        assert trainer.overlapped == [(r["cycle"], r["step"]) not in last for r in records]
+        assert roles.weights.calls.count("before_step") == len(last)
+    else:
+        assert roles.weights.calls.count("before_step") == len(records)
+    assert roles.weights.pushed == list(range(1, state.weight_version + 1))
+    from tests.run_truth import check_ledger, check_selection
+
+    check_selection(cfg.run_dir, state.model_dump())
+    check_ledger(cfg, cfg.run_dir, state.model_dump())
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_a_relaunch_with_max_staleness_1_takes_every_step_once(n, tmp_path):
+    """Killed while a step's rollouts ran ahead of the Trainer, the relaunch starts from the checkpoint on record
+    and runs them again (then on-policy): every step is trained once, with the ledger its budgets make."""
+    from tests.run_truth import check_ledger, check_selection
+
+    over = {"condition": "whale", "weight__prompts_per_step": 1, "weight__max_staleness": 1}
+    clean_cfg = small_config(tmp_path / "clean", **over)
+    make_loop(clean_cfg)[0].run()
+    cfg = small_config(tmp_path / "run", **over)
+    pool = CrashAhead(n)
+    pool.trainer = OverlapTrainer(pool)
+    loop, _ = make_loop(cfg, pool=pool, trainer=pool.trainer)
+    with pytest.raises(Crash):
+        loop.run()
+    before = RunState.load(cfg.run_dir)
+    assert len(before.train_steps) < len(pool.trainer.examples)  # the step taken beside the crash is not on record
+    trainer = Trainer()
+    if before.checkpoint:
+        trainer.load_checkpoint(cfg.run_dir / before.checkpoint)
+    make_loop(cfg, trainer=trainer)[0].run()
+    state = RunState.load(cfg.run_dir)
+    assert state.finished and state.weight_version == state.ledger.weight_steps == trainer.version
+    assert sorted(state.train_steps) == sorted(RunState.load(clean_cfg.run_dir).train_steps)
+    check_selection(cfg.run_dir, state.model_dump())
+    check_ledger(cfg, cfg.run_dir, state.model_dump())
+
+
 def test_train_step_records_name_the_accepted_calls(tmp_path):
     cfg = small_config(tmp_path / "run", condition="rsft_only")
     loop, roles = make_loop(cfg)
@@ -394,7 +505,8 @@ def test_train_step_records_name_the_accepted_calls(tmp_path):
     for name, examples in zip(sorted(state.train_steps), roles.trainer.examples):
         record = json.loads((cfg.run_dir / "train" / f"{name}.json").read_text())
         rows = pq.read_table(cfg.run_dir / "rollouts" / f"{record['rollout_file']}.parquet").to_pylist()
-        accepted = [{"task_id": r["task_id"], "sample": r["sample"], "call": 0} for r in rows if r["reward"] == 1]
+        accepted = [{"task_id": r["task_id"], "sample": r["sample"], "call": 0, "weight_version": 0}
+                    for r in rows if r["reward"] == 1]
         assert record["examples"] == accepted
         assert len(examples) == len(accepted)
 

@@ -10,12 +10,20 @@ A step's work goes on record only with a checkpoint, so a relaunch restarts from
 redoes the steps after it with the same prompts and seeds: no optimizer step is lost or taken twice. The Trainer
 writes a step's checkpoint while the next step's rollouts run, and the commit waits for the write (before that
 step's own work is recorded or trained on); the phase's last checkpoint is waited for at once.
+
+With `weight.max_staleness: 1` the next step's rollouts run while the Trainer takes this one, on the weights the
+servers hold (the engine does not sleep then), so a step trains on samples one version old; each trained call's
+version is in the step's train/ record. They go on record with their own step: a relaunch runs them again from
+the checkpoint on record.
 """
 
 from __future__ import annotations
 
 import random
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from whale_ray.loop.context import RunContext
@@ -28,8 +36,9 @@ from whale_ray.schedules import Phase, weight_phase_should_stop
 
 
 def training_examples(ctx: RunContext, rollouts: list[Rollout], tasks: list[Task]) -> tuple[list[SFTExample], list[dict]]:
-    """The SFT examples of a step and which (task, sample, call) each came from: calls of accepted episodes
-    (reward 1, status ok) that `rsft.accepted_calls` lets train (losing votes do not) and that generated tokens."""
+    """The SFT examples of a step and which (task, sample, call, the call's weight version) each came from: calls of
+    accepted episodes (reward 1, status ok) that `rsft.accepted_calls` lets train (losing votes do not) and that
+    generated tokens."""
     by_id = {t.id: t for t in tasks}
     marker = ctx.domain.answer_format
 
@@ -45,14 +54,26 @@ def training_examples(ctx: RunContext, rollouts: list[Rollout], tasks: list[Task
             call = r.model_calls[i]
             if call.completion_ids:
                 examples.append((list(call.prompt_ids), list(call.completion_ids)))
-                sources.append({"task_id": r.task_id, "sample": r.sample, "call": i})
+                sources.append({"task_id": r.task_id, "sample": r.sample, "call": i,
+                                "weight_version": call.weight_version})
     return examples, sources
 
 
-def next_prompts(ctx: RunContext, n: int) -> tuple[list[Task], int, int]:
-    """The next n prompts of a reshuffled-every-pass walk over D_weight (E may be a fraction)."""
+@dataclass
+class Step:
+    """A weight step's prompts and rollouts, and where the walk over D_weight stands after them."""
+
+    index: int
+    tasks: list[Task]
+    cursor: int
+    weight_pass: int
+    rollouts: list[Rollout]
+
+
+def next_prompts(ctx: RunContext, n: int, cursor: int, weight_pass: int) -> tuple[list[Task], int, int]:
+    """The n prompts after `cursor` of a reshuffled-every-pass walk over D_weight (E may be a fraction)."""
     weight = ctx.splits.weight
-    tasks, cursor, weight_pass = [], ctx.run.state.weight_cursor, ctx.run.state.weight_pass
+    tasks: list[Task] = []
     while len(tasks) < n:
         order = list(range(len(weight)))
         random.Random(episode_seed(ctx.cfg.seed, "weight-pass", weight_pass)).shuffle(order)
@@ -64,52 +85,72 @@ def next_prompts(ctx: RunContext, n: int) -> tuple[list[Task], int, int]:
     return tasks, cursor, weight_pass
 
 
+def roll_out(ctx: RunContext, cycle: int, index: int, n: int, cursor: int, weight_pass: int) -> Step:
+    """Step `index`'s n prompts, k samples each, under the accepted harness and the weights the servers hold."""
+    tasks, cursor, weight_pass = next_prompts(ctx, n, cursor, weight_pass)
+    rollouts = rollout(ctx, ctx.run.state.accepted_harness, tasks, samples=ctx.cfg.weight.samples_per_prompt,
+                       phase="weight", cycle=cycle, unit=index)
+    return Step(index, tasks, cursor, weight_pass, rollouts)
+
+
 def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase) -> None:
     cfg, state, trainer, sync = ctx.cfg.weight, ctx.run.state, ctx.roles.trainer, ctx.roles.weights
     n_weight = len(ctx.splits.weight)
     budget = max(1, round(phase.budget * n_weight))
+
+    def step_size(prompts_done: int, step_rewards: list[float]) -> int:
+        """The next step's prompt count; 0 once the budget (or, adaptive, the training reward) ends the phase."""
+        if prompts_done >= budget or (phase.adaptive and weight_phase_should_stop(
+                prompts_done / n_weight, step_rewards, ctx.cfg.adaptive)):
+            return 0
+        return min(cfg.prompts_per_step, budget - prompts_done)
+
     since_checkpoint = 0
     writing: Path | None = None  # a checkpoint being written while this step's rollouts run
-    while prog.prompts_done < budget:
-        if phase.adaptive and weight_phase_should_stop(prog.prompts_done / n_weight, prog.step_rewards, ctx.cfg.adaptive):
-            break
+    ahead: Step | None = None  # this step's rollouts, run while the Trainer took the one before (max_staleness 1)
+    while n := step_size(prog.prompts_done, prog.step_rewards):
         started = time.perf_counter()
-        n = min(cfg.prompts_per_step, budget - prog.prompts_done)
-        tasks, cursor, weight_pass = next_prompts(ctx, n)
-        name = weight_step_name(cycle, prog.units_done)
-        rollouts = rollout(ctx, state.accepted_harness, tasks, samples=cfg.samples_per_prompt, phase="weight",
-                           cycle=cycle, unit=prog.units_done)
+        step = ahead or roll_out(ctx, cycle, prog.units_done, n, state.weight_cursor, state.weight_pass)
+        ahead = None
         if writing is not None:
             checkpoint_written(ctx, writing)
             writing = None
-        ctx.run.write_rollouts(name, "weight", cycle, rollouts)
-        examples, sources = training_examples(ctx, rollouts, tasks)
+        name = weight_step_name(cycle, step.index)
+        ctx.run.write_rollouts(name, "weight", cycle, step.rollouts)
+        examples, sources = training_examples(ctx, step.rollouts, step.tasks)
+        reward = mean_reward(step.rollouts)
         version_before = state.weight_version
         ctx.report.finish()  # the weights change next: the last cycle's report, if it still waits, runs now
-        with ctx.run.timed("weight", "sleep"):
-            sync.before_step()
-        with ctx.run.timed("weight", "train") as timing:
-            metrics = trainer.train_step(examples, version_before)
-            # the Trainer's own seconds for the step, and the part of them it spent starting its workers
-            timing.update(examples=len(examples), step_s=metrics.get("wall_s"),
-                          workers_start_s=metrics.get("workers_start_s", 0.0))
+        following = step_size(prog.prompts_done + n, [*prog.step_rewards, reward]) if cfg.max_staleness else 0
+        if following:
+            with ThreadPoolExecutor(1, thread_name_prefix="whale-train") as pool:
+                training = pool.submit(train_step, ctx, examples, version_before)
+                try:  # on the weights the servers hold, awake: the step's own come after
+                    ahead = roll_out(ctx, cycle, step.index + 1, following, step.cursor, step.weight_pass)
+                finally:
+                    metrics = training.result()
+        else:
+            with ctx.run.timed("weight", "sleep"):
+                sync.before_step()
+            metrics = train_step(ctx, examples, version_before)
         with ctx.run.timed("weight", "sync"):
             if metrics["trained"]:
                 state.weight_version = metrics["version"]
                 sync.push(state.weight_version)
-            else:
+            elif not following:
                 sync.resume()
         if metrics["trained"]:
             state.ledger.weight_steps += 1
             since_checkpoint += 1
+        staleness = Counter(version_before - s["weight_version"] for s in sources)
         ctx.run.write_train_step(name.removeprefix("weight-"), {
-            "cycle": cycle, "step": prog.units_done, "rollout_file": name, "version_before": version_before,
-            "version_after": state.weight_version, "examples": sources, "metrics": metrics})
-        reward = mean_reward(rollouts)
+            "cycle": cycle, "step": step.index, "rollout_file": name, "version_before": version_before,
+            "version_after": state.weight_version, "examples": sources, "metrics": metrics,
+            "staleness": {str(k): v for k, v in sorted(staleness.items())}})
         prog.step_rewards.append(reward)
         prog.prompts_done += n
         prog.units_done += 1
-        state.weight_cursor, state.weight_pass = cursor, weight_pass
+        state.weight_cursor, state.weight_pass = step.cursor, step.weight_pass
         if since_checkpoint >= cfg.checkpoint_every:
             writing = checkpoint(ctx, wait=False)
             since_checkpoint = 0
@@ -129,6 +170,15 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
             trainer.release_workers()  # the harness phase needs no trainer: its CPUs/GPUs go back to the cluster
     prog.wall_s += time.perf_counter() - started
     ctx.run.commit()
+
+
+def train_step(ctx: RunContext, examples: list[SFTExample], version: int) -> dict:
+    with ctx.run.timed("weight", "train") as timing:
+        metrics = ctx.roles.trainer.train_step(examples, version)
+        # the Trainer's own seconds for the step, and the part of them it spent starting its workers
+        timing.update(examples=len(examples), step_s=metrics.get("wall_s"),
+                      workers_start_s=metrics.get("workers_start_s", 0.0))
+    return metrics
 
 
 def checkpoint(ctx: RunContext, *, wait: bool) -> Path | None:

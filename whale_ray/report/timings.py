@@ -10,7 +10,9 @@ that ran beside a phase's batch are in its count, and in its `report_episodes`) 
 less the Ray Train run's start inside it (`workers_start_s`), and the rest, shown as w-start: the workers' start,
 in the step or waited on behind the start a Coordinator asks for early (actors/trainer.py), and the call. A cycle's
 fixed cost is its wall time less its rollouts, verification, training steps and proposer sessions: what a cycle
-pays whatever its size (worker starts, sleep and wake, weight syncs, checkpoints, commits).
+pays whatever its size (worker starts, sleep and wake, weight syncs, checkpoints, commits). Under
+`weight.max_staleness: 1` a step's `train` runs beside the next step's `rollouts`, so a weight phase's acts may add
+up to more than its wall time.
 """
 
 from __future__ import annotations
