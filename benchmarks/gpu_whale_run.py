@@ -40,7 +40,8 @@ the seconds of every timed act per phase, the episodes' own split into sandbox s
 teardown, each cycle's fixed cost), and the GPU's and the cores' busy shares, sampled every --sample-s beside the
 run and matched to the acts' spans by their start times. --settings runs each engine under several settings in
 turn: `kept` (the Trainer's workers stay up across cycles, the default), `released` (ended after every weight
-phase, the default before) and `phase-checkpoint` (kept, the full state saved at each weight phase's end only). --limits adds, in the same invocation, the two ceilings a phase's rollouts/s is held
+phase, the default before), `phase-checkpoint` (kept, the full state saved at each weight phase's end only), `cores`
+(kept, the pool sized to the host's cores) and `stale`, `phase-checkpoint-stale` (with weight.max_staleness 1). --limits adds, in the same invocation, the two ceilings a phase's rollouts/s is held
 to: the sandbox pool alone (a harness that returns at once, one slot per core, benchmarks/sandbox_overhead.py)
 and the engine alone (the first run's weight-phase model calls replayed straight into a PolicyService, as many in
 flight as the run had, each capped at the tokens it generated there); each phase's episodes/s is printed as a
@@ -99,10 +100,15 @@ PHASES = ("weight", "harness", "eval")
 # kept: the workers kept up (the default) with the study's pool of 2 evaluators; released: the default before it;
 # phase-checkpoint: kept, and the Trainer's full state saved only at each weight phase's end
 # (weight.checkpoint_every), to show what a cycle's fixed cost is without the per-step checkpoints a relaunch
-# resumes from; cores: kept, with the default pool (sandbox.evaluators: cores, sized to the host's CPUs)
+# resumes from; cores: kept, with the default pool (sandbox.evaluators: cores, sized to the host's CPUs); stale and
+# phase-checkpoint-stale: kept and phase-checkpoint with weight.max_staleness 1 (the next step's rollouts beside the
+# Trainer's step)
 SETTINGS = {"kept": {"weight": {"release_workers": False}}, "released": {"weight": {"release_workers": True}},
             "phase-checkpoint": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000}},
-            "cores": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores"}}}
+            "cores": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores"}},
+            "stale": {"weight": {"release_workers": False, "max_staleness": 1}},
+            "phase-checkpoint-stale": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000,
+                                                  "max_staleness": 1}}}
 
 
 def merge(a: dict, b: dict) -> dict:
