@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import build_test_policy, policy_cache
+from tests.helpers import build_test_policy, live_placement_groups, policy_cache
 
 USER_WHALE_CACHE = os.environ.get("WHALE_CACHE")  # as the user set it, before policy_cache points it at pytest's
 
@@ -148,17 +148,6 @@ def _live_actors() -> dict[str, str] | None:
     return live
 
 
-def _live_groups() -> set[str] | None:
-    """Ids of the placement groups on the cluster this process is connected to that are not removed (None: it is
-    connected to none). A group outlives the actor that made it (it belongs to the job): a Ray Train controller
-    killed while its workers start leaves its group, and the cleaner Ray Train starts for that case asks the state
-    API, which the tests' clusters run without."""
-    ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized():
-        return None
-    return {gid for gid, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
-
-
 @pytest.fixture(scope="module", autouse=True)
 def no_leaked_actors(request):
     """A test module that leaves an actor of its own or a placement group alive fails here, naming them, and they
@@ -166,15 +155,15 @@ def no_leaked_actors(request):
     them without end (it happened): one clear failure instead of a hung suite. Per module, not per test: a
     module-scoped fixture's actor registers with the GCS asynchronously, so a per-test snapshot can miss it, and
     this fixture is torn down after the module's own fixtures, which end their actors."""
-    before, groups_before = _live_actors() or {}, _live_groups() or set()
+    before, groups_before = _live_actors() or {}, live_placement_groups() or set()
     yield
     gc.collect()  # a handle held only by a reference cycle (an exception's traceback, say) ends its actor here
     deadline = time.monotonic() + 15  # ray.kill, a dropped handle, a finished Train/Tune run: freed asynchronously
-    while ((now := _live_actors()) is not None and (set(now) - set(before) or (_live_groups() or set()) - groups_before)
+    while ((now := _live_actors()) is not None and (set(now) - set(before) or (live_placement_groups() or set()) - groups_before)
            and time.monotonic() < deadline):
         time.sleep(0.25)
     leaked = {aid: name for aid, name in (now or {}).items() if aid not in before}
-    groups = sorted((_live_groups() or set()) - groups_before)
+    groups = sorted((live_placement_groups() or set()) - groups_before)
     if not leaked and not groups:
         return
     ray = sys.modules["ray"]

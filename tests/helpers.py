@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -177,17 +178,31 @@ def spans(run: Path, killed_at: float | None = None) -> list[tuple[float, float]
     """[start, end] of each launch of a trial that ended; a launch killed with the sweep has no end, and counts
     as running until `killed_at` (the time of the kill) when that is given and it started before."""
     out, start = [], None
+
+    def killed() -> None:  # the launch begun at `start` never ended
+        if start is not None and killed_at is not None and start < killed_at:
+            out.append((start, killed_at))
+
     for e in launches(run):
         if e["event"] == "start":
-            if start is not None and killed_at is not None and start < killed_at:
-                out.append((start, killed_at))
+            killed()
             start = e["time"]
         elif e["event"] == "end" and start is not None:
             out.append((start, e["time"]))
             start = None
-    if start is not None and killed_at is not None and start < killed_at:
-        out.append((start, killed_at))
+    killed()
     return out
+
+
+def live_placement_groups() -> set[str] | None:
+    """Ids of the placement groups on the cluster this process is connected to that are not removed (None: it is
+    connected to none). A group outlives the actor that made it (it belongs to the job): a Ray Train controller
+    killed while its workers start leaves its group, and the cleaner Ray Train starts for that case asks the state
+    API, which the tests' clusters run without."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return {gid for gid, g in ray.util.placement_group_table().items() if g["state"] != "REMOVED"}
 
 
 def check_placed(run: Path) -> set[str]:

@@ -66,3 +66,22 @@ def test_two_policy_replicas_share_the_episodes_and_change_nothing_else(tmp_path
         b = pq.read_table(cfg2.run_dir / "rollouts" / f"{name}.parquet", columns=["answer", "reward"]).to_pylist()
         assert a == b, name
     check_ledger(cfg2, cfg2.run_dir, two)
+
+
+@pytest.mark.slow
+def test_with_max_staleness_1_a_step_trains_on_the_samples_of_the_weights_before_it(tmp_path, ray_cluster, tiny_policy):
+    """weight.max_staleness 1 on the real stack: the Trainer actor takes a step (from a thread of the Coordinator)
+    while the pool runs the next step's rollouts on the PolicyServer. The run passes run_truth's checks, and every
+    trained call's version, as the PolicyServer stamped it, is one behind its step after a step that trained and the
+    step's own otherwise."""
+    cfg = study_config(tmp_path, "whale", "math_reasoning", weight__max_staleness=1)
+    check_condition_run(cfg, Coordinator(cfg, tiny_policy).run())
+    records = [json.loads(p.read_text()) for p in sorted((cfg.run_dir / "train").glob("*.json"))]
+    behind = 0
+    for before, r in zip([None, *records], records):
+        lag = [r["version_before"] - e["weight_version"] for e in r["examples"]]
+        trained_before = r["step"] > 0 and before["version_after"] > before["version_before"]
+        assert set(lag) <= ({1} if trained_before else {0}), (r["cycle"], r["step"], lag)
+        assert r["staleness"] == {str(k): lag.count(k) for k in sorted(set(lag))}
+        behind += lag.count(1)
+    assert behind > 0  # some step trained on rollouts run beside the step before it

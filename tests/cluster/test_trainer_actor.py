@@ -11,7 +11,7 @@ import ray
 import torch
 
 from actors.trainer import LocalTrainer, StaleTrainer, Trainer
-from tests.helpers import trainer_actor
+from tests.helpers import live_placement_groups, trainer_actor
 from whale_ray.config import WeightPhaseConfig
 
 CFG = WeightPhaseConfig(learning_rate=1e-2, micro_batch=2, sft_epochs_per_step=1, num_workers=1)
@@ -208,27 +208,24 @@ def test_the_group_of_a_trainer_killed_with_its_workers_is_freed_by_the_next_sta
 
     from whale_ray.events import read_events
 
-    def live() -> set[str]:
-        return {g for g, v in ray.util.placement_group_table().items() if v["state"] != "REMOVED"}
-
     def creator_dead(group: str) -> bool:
         raw = state.state._connect_and_get_accessor().get_placement_group_info(ray.PlacementGroupID.from_hex(group))
         return gcs_pb2.PlacementGroupTableData.FromString(raw).creator_actor_dead
 
-    before = live()
+    before = live_placement_groups()
     lost = Trainer.remote(str(tiny_model), CFG, str(tmp_path / "lost"))
     assert ray.get(lost.start_workers.remote()) > 0
-    (group,) = live() - before
+    (group,) = live_placement_groups() - before
     ray.kill(lost, no_restart=True)
     deadline = time.monotonic() + 60
     while not creator_dead(group) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert creator_dead(group) and group in live()  # reserved for no one
+    assert creator_dead(group) and group in live_placement_groups()  # reserved for no one
 
     nxt = Trainer.remote(str(tiny_model), CFG, str(tmp_path / "next"), events_dir=str(tmp_path / "events"))
     try:
         assert ray.get(nxt.start_workers.remote()) > 0
-        assert group not in live()
+        assert group not in live_placement_groups()
         (freed,) = [e for e in read_events(tmp_path / "events") if e["kind"] == "trainer_workers_freed"]
         assert group in freed["groups"]
     finally:
