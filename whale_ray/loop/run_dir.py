@@ -114,9 +114,8 @@ class RunDirectory:
     @contextmanager
     def timed(self, phase: str, act: str) -> Iterator[dict[str, Any]]:
         """Times one act of a phase into timings.jsonl: {"phase", "act", "cycle" (the report row whose wall time it
-        is in: c + 1 for cycle c's phases and for the evaluations that run in it, the start's and cycle c - 1's
-        report), "start" (Unix time, to
-        match samples taken beside the run, such as the GPU's), "s"}. The act may add facts to the dict it is handed.
+        is in: c + 1 for what runs while cycle c does, its phases and the evaluations of the cycle before it or of
+        the start), "start" (Unix time, to match samples taken beside the run, such as the GPU's), "s"}. The act may add facts to the dict it is handed.
         A log, not state: time spent on work that a relaunch redoes stays in it, as it was spent."""
         facts: dict[str, Any] = {}
         start, t0 = time.time(), time.perf_counter()
