@@ -104,6 +104,18 @@ class Report:
                 self.on_row(row)
 
     # ------------------------------------------------------------------------------------------------ the record
+    def _scores(self, p: PendingReport) -> tuple[Evaluation | None, Selection | None, Evaluation | None]:
+        """The cycle's D_val, the best pair it makes, and that pair's D_test, as far as they are on record."""
+        run, ev = self.ctx.run, self.ctx.cfg.eval
+        val = run.evaluation("val", p.weight_version, p.harness_id, ev.val_samples)
+        if val is None:
+            return None, None, None
+        best = self.ctx.run.state.best
+        if selection.improves_on_val(val.mean, None if best is None else best.val):  # ties keep the earlier pair
+            best = Selection(weight_version=p.weight_version, checkpoint=p.checkpoint, harness_id=p.harness_id,
+                             val=val.mean)
+        return val, best, run.evaluation("test", best.weight_version, best.harness_id, ev.test_samples)
+
     def _next(self) -> Batch | None:
         """D_val of the cycle's pair, then D_test of the best pair if it is not on record; None once both are."""
         run, ev = self.ctx.run, self.ctx.cfg.eval
@@ -112,21 +124,13 @@ class Report:
             return None
         assert p.weight_version == run.state.weight_version, "a cycle's report runs under the weights it ended with"
         splits, cycle = self.ctx.splits, max(p.cycle, 0)  # the start's evaluations are filed under cycle 0
-        val = run.evaluation("val", p.weight_version, p.harness_id, ev.val_samples)
+        val, best, test = self._scores(p)
         if val is None:
             return Batch(p.harness_id, splits.val, ev.val_samples, "val", cycle, 0)
-        best = self._best(p, val)
-        if run.evaluation("test", best.weight_version, best.harness_id, ev.test_samples) is None:
+        if test is None:
             assert best.weight_version == p.weight_version, "an earlier best's D_test is on record"
             return Batch(best.harness_id, splits.test, ev.test_samples, "test", cycle, 0)
         return None
-
-    def _best(self, p: PendingReport, val: Evaluation) -> Selection:
-        best = self.ctx.run.state.best
-        if selection.improves_on_val(val.mean, None if best is None else best.val):  # ties keep the earlier pair
-            return Selection(weight_version=p.weight_version, checkpoint=p.checkpoint, harness_id=p.harness_id,
-                             val=val.mean)
-        return best
 
     def _record(self, batch: Batch, rollouts: list[Rollout]) -> None:
         run, version = self.ctx.run, self.ctx.run.state.weight_version
@@ -138,19 +142,18 @@ class Report:
 
     def _settle(self) -> None:
         """The row, once nothing is left to evaluate: it goes on record with the new best in one commit."""
-        run, ev = self.ctx.run, self.ctx.cfg.eval
-        state, p = run.state, run.state.report
-        if p is None or self._next() is not None:
+        run, state, p = self.ctx.run, self.ctx.run.state, self.ctx.run.state.report
+        if p is None:
             return
-        val = run.evaluation("val", p.weight_version, p.harness_id, ev.val_samples)
-        best = self._best(p, val)
-        test = run.evaluation("test", best.weight_version, best.harness_id, ev.test_samples)
+        val, best, test = self._scores(p)
+        if test is None:
+            return
         row = CycleRow(
             cycle=p.cycle + 1, phases=p.phases, weight_rollouts=p.spent.weight_rollouts - p.start.weight_rollouts,
             harness_rollouts=p.spent.harness_rollouts - p.start.harness_rollouts, train_reward=p.train_reward,
             accepted_harness=p.harness_id, harness_success=p.harness_success, weight_version=p.weight_version,
             val=val.mean, best_val=best.val, best=f"v{best.weight_version}+{best.harness_id}", test_mean8=test.mean,
-            test_samples=ev.test_samples, wall_s=p.wall_s, test_metrics=test.metrics,
+            test_samples=self.ctx.cfg.eval.test_samples, wall_s=p.wall_s, test_metrics=test.metrics,
             ledger=p.spent.model_copy(update={"eval_rollouts": state.ledger.eval_rollouts}))
         state.best, state.report = best, None
         state.history.append(row)
