@@ -220,6 +220,22 @@ def check_ledger(cfg: WhaleConfig, run_dir: Path, state: dict) -> None:
     assert ledger["weight_steps"] == trained
 
 
+# ------------------------------------------------------------------------------------------- staleness
+def check_staleness(run_dir: Path, max_staleness: int) -> list[dict]:
+    """Every weight step's train/ record against its trained calls; returns the records in step order.
+
+    A call's lag is the step's version less the version the PolicyServer generated it with, and the record's
+    `staleness` is their histogram. On-policy every lag is 0. With max_staleness 1 a step's rollouts ran while the
+    step before it (in its phase) trained, so after a step that trained every lag is 1, and otherwise 0."""
+    records = [json.loads(p.read_text()) for p in sorted((Path(run_dir) / "train").glob("*.json"))]
+    for before, r in zip([None, *records], records):
+        lag = [r["version_before"] - e["weight_version"] for e in r["examples"]]
+        assert r["staleness"] == {str(k): lag.count(k) for k in sorted(set(lag))}, r["rollout_file"]
+        behind = max_staleness and r["step"] > 0 and before["version_after"] > before["version_before"]
+        assert set(lag) <= ({1} if behind else {0}), (r["rollout_file"], lag)
+    return records
+
+
 # ------------------------------------------------------------------------------------ D_test isolation
 def _mentions(pattern: re.Pattern, text: str) -> list[str]:
     return sorted(set(pattern.findall(text)))

@@ -12,6 +12,7 @@ from actors.coordinator import Coordinator
 from tests.helpers import EXPECTED_PHASES, check_condition_run, study_config
 from tests.run_truth import (
     check_ledger,
+    check_staleness,
     rollout_names,
 )
 from whale_ray.config import load_recorded_config
@@ -76,12 +77,5 @@ def test_with_max_staleness_1_a_step_trains_on_the_samples_of_the_weights_before
     step's own otherwise."""
     cfg = study_config(tmp_path, "whale", "math_reasoning", weight__max_staleness=1)
     check_condition_run(cfg, Coordinator(cfg, tiny_policy).run())
-    records = [json.loads(p.read_text()) for p in sorted((cfg.run_dir / "train").glob("*.json"))]
-    behind = 0
-    for before, r in zip([None, *records], records):
-        lag = [r["version_before"] - e["weight_version"] for e in r["examples"]]
-        trained_before = r["step"] > 0 and before["version_after"] > before["version_before"]
-        assert set(lag) <= ({1} if trained_before else {0}), (r["cycle"], r["step"], lag)
-        assert r["staleness"] == {str(k): lag.count(k) for k in sorted(set(lag))}
-        behind += lag.count(1)
-    assert behind > 0  # some step trained on rollouts run beside the step before it
+    records = check_staleness(cfg.run_dir, max_staleness=1)
+    assert sum(r["staleness"].get("1", 0) for r in records) > 0  # some step trained on rollouts run beside the last

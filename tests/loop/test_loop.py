@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.helpers import small_config
+from tests.run_truth import check_ledger, check_selection, check_staleness
 from whale_ray.domain import get_domain
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
 from whale_ray.records import EpisodeResult, ModelCall
@@ -270,8 +271,6 @@ def test_a_cycles_report_beside_the_next_cycle_gives_the_rows_it_gives_alone(con
     """eval.overlap (the default) runs a cycle's D_val and D_test evaluations beside the next cycle's first pool
     call under the same weights, or beside a proposer session: the same rows, evaluations and ledger as running
     them alone at the cycle's end, recomputed from the files (tests/run_truth.py); fewer pool calls."""
-    from tests.run_truth import check_ledger, check_selection
-
     alone_cfg = small_config(tmp_path / "alone", condition=condition, eval__overlap=False)
     alone_loop, alone = make_loop(alone_cfg)
     alone_loop.run()
@@ -447,14 +446,8 @@ def test_with_max_staleness_1_the_next_steps_rollouts_run_while_the_trainer_take
     trainer = roles.trainer = loop.ctx.roles.trainer = OverlapTrainer(pool) if staleness else roles.trainer
     loop.run()
     state = RunState.load(cfg.run_dir)
-    records = [json.loads((cfg.run_dir / "train" / f"{name}.json").read_text()) for name in sorted(state.train_steps)]
-    assert len(records) >= state.ledger.weight_steps > 2
-    for r in records:
-        lag = [r["version_before"] - e["weight_version"] for e in r["examples"]]
-        assert r["staleness"] == {str(k): lag.count(k) for k in sorted(set(lag))}
-        # a step that trained nothing leaves the next one's samples on the version it trains from
-        behind = staleness and r["step"] > 0 and r["version_before"] > records[records.index(r) - 1]["version_before"]
-        assert set(lag) <= ({1} if behind else {0}), (r["cycle"], r["step"], lag)
+    records = check_staleness(cfg.run_dir, staleness)
+    assert len(records) == len(state.train_steps) >= state.ledger.weight_steps > 2
     if staleness:  # every step but each phase's last trained beside the next one's rollouts, the engine awake
         last = {(r["cycle"], max(q["step"] for q in records if q["cycle"] == r["cycle"])) for r in records}
         assert trainer.overlapped == [(r["cycle"], r["step"]) not in last for r in records]
@@ -462,8 +455,6 @@ def test_with_max_staleness_1_the_next_steps_rollouts_run_while_the_trainer_take
     else:
         assert roles.weights.calls.count("before_step") == len(records)
     assert roles.weights.pushed == list(range(1, state.weight_version + 1))
-    from tests.run_truth import check_ledger, check_selection
-
     check_selection(cfg.run_dir, state.model_dump())
     check_ledger(cfg, cfg.run_dir, state.model_dump())
 
@@ -472,8 +463,6 @@ def test_with_max_staleness_1_the_next_steps_rollouts_run_while_the_trainer_take
 def test_a_relaunch_with_max_staleness_1_takes_every_step_once(n, tmp_path):
     """Killed while a step's rollouts ran ahead of the Trainer, the relaunch starts from the checkpoint on record
     and runs them again (then on-policy): every step is trained once, with the ledger its budgets make."""
-    from tests.run_truth import check_ledger, check_selection
-
     over = {"condition": "whale", "weight__prompts_per_step": 1, "weight__max_staleness": 1}
     clean_cfg = small_config(tmp_path / "clean", **over)
     make_loop(clean_cfg)[0].run()
