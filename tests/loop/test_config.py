@@ -42,6 +42,8 @@ def test_flags_override_file(tmp_path):
         ({"data.source": "files"}, "needs data.train_path"),
         ({"sandbox.evaluators": "many"}, "sandbox.evaluators"),
         ({"sandbox.evaluators": 0}, "sandbox.evaluators"),
+        ({"weight.max_staleness": 2}, "weight.max_staleness: Input should be less than or equal to 1"),
+        ({"eval.overlap": "maybe"}, "eval.overlap"),
     ],
 )
 def test_bad_values_name_the_key(overrides, needle):
