@@ -99,6 +99,10 @@ def test_a_node_leaving_mid_phase_takes_its_evaluators_and_its_episodes_are_run_
     stays = cluster.add_node(num_cpus=1)
     leaves = cluster.add_node(num_cpus=1)
     pool, _ = pool_of(tmp_path, "auto", episode_retries=0)
+    deadline = time.monotonic() + 120
+    while leaves.node_id not in pool.nodes():  # its evaluators are up, so it has episodes in flight when it goes
+        assert time.monotonic() < deadline, "no evaluator started on the node that leaves"
+        run_with(pool, jobs(2), 1, lambda: None)
     work = jobs(40)
     results = run_with(pool, work, 8, lambda: cluster.remove_node(leaves, allow_graceful=False))
     answers_match_seeds(results, work)  # every episode once, none given up: a loss with its node is not charged
