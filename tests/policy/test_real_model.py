@@ -152,7 +152,10 @@ def test_whale_serve_model_answers_the_openai_client(smollm2, engine, tmp_path):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "whale_ray.cli", "serve", "--model", smollm2, "--port", str(port),
                              "--isolation", "unsafe_none"], cwd=tmp_path, env={**os.environ, "COLUMNS": "400"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            # Ctrl-C's default, even where the suite runs in the background (whose children start
+                            # with SIGINT ignored, and Python then leaves it so)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
         deadline = time.monotonic() + 300
