@@ -41,6 +41,10 @@ class ObjectStoreSync:
                  version: int, sleeps: bool = False) -> None:
         self.trainer, self.servers, self.version, self.sleeps = trainer, list(servers), version, sleeps
         self._probes: dict[int, Any] = {}  # server index -> its `restarted` call not read yet
+        # (version, the Trainer's ref of its CPU state dict) last sent: a server restarted while the Trainer takes
+        # the next step (weight.max_staleness 1) gets the version on record without asking a Trainer that has
+        # moved on. Holding it keeps one more state dict in the object store until the next push.
+        self._sent: tuple[int, Any] | None = None
 
     def before_step(self) -> None:
         if self.sleeps:
@@ -84,8 +88,10 @@ class ObjectStoreSync:
         self._send(version, self.servers)
 
     def _send(self, version: int, servers: list["ray.actor.ActorHandle"]) -> None:
-        (ref,) = ray.get(self.trainer.host_weights.remote(version))
-        ray.get([s.load_weights.remote(ref, version) for s in servers])
+        if self._sent is None or self._sent[0] != version:
+            (ref,) = ray.get(self.trainer.host_weights.remote(version))
+            self._sent = (version, ref)
+        ray.get([s.load_weights.remote(self._sent[1], version) for s in servers])
 
 
 class CudaIpcSync(ObjectStoreSync):

@@ -139,7 +139,9 @@ class WeightPhaseConfig(_Strict):
     # 1: the next step's rollouts run on the weights the servers hold while the Trainer takes the current step, so a
     # step trains on samples one version old (every trained call's version is in its train/ record). The engine
     # stays awake through the step (no sleep), so it and the Trainer must fit side by side. 0: on-policy, each
-    # step's rollouts from the weights it trains.
+    # step's rollouts from the weights it trains. A PolicyServer that Ray restarts during such a step gets the
+    # version on record from the object_store sync's last ref; under cuda_ipc or broadcast the Trainer's weights
+    # have moved on, and the run goes back to its last commit.
     max_staleness: int = Field(0, ge=0, le=1)
     # How new weights reach the PolicyServer. object_store: a CPU state dict through the object store.
     # cuda_ipc (when training on a GPU; CPU training keeps the object store): CUDA IPC handles of the Trainer's

@@ -101,6 +101,29 @@ def test_a_restarted_server_holds_its_calls_until_it_is_brought_to_the_version_o
             ray.kill(s)
 
 
+def test_a_server_restarted_while_the_trainer_takes_the_next_step_gets_the_version_on_record(trainer, tiny_policy):
+    """weight.max_staleness 1: the Trainer takes step v -> v+1 while the servers answer on v. A server Ray restarts
+    then is brought to v, the version on record, from the ref the sync sent; the Trainer no longer holds v."""
+    from actors.trainer import StaleTrainer
+
+    a, b = _server(tiny_policy), _server(tiny_policy, restarts=1)
+    try:
+        sync = ObjectStoreSync(trainer, [a, b], version=ray.get(trainer.version.remote()))
+        v = _step(trainer)
+        sync.push(v)
+        on_record = _served(a)
+        assert _step(trainer) == v + 1  # not pushed: the next step's rollouts still run on v
+        with pytest.raises(StaleTrainer):
+            ray.get(trainer.host_weights.remote(v))
+        ray.kill(b, no_restart=False)
+        _follow_until_served(sync, b)
+        assert ray.get(b.generate.remote(MESSAGES, GREEDY)).weight_version == v
+        assert all(torch.equal(_served(b)[k], on_record[k]) for k in on_record)
+    finally:
+        for s in (a, b):
+            ray.kill(s)
+
+
 def test_a_restarted_server_already_on_the_version_on_record_serves_without_weights(ray_cluster, tiny_policy):
     """A schedule without a weight phase has no Trainer: a restarted server's start-up weights are the ones on
     record, and it is let through as it is."""
