@@ -183,11 +183,12 @@ def free_orphaned_worker_groups() -> list[str]:
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
     accessor = state.state._connect_and_get_accessor()
-    dead = gcs_pb2.ActorTableData.ActorState.Value("DEAD")
+    # Whether the creator died is the group's own record; the actor table is another, which need not say DEAD at the
+    # same moment, and a start in between would leave the group reserved.
     controllers = set()
     for raw in accessor.get_actor_table(None, None):
         a = gcs_pb2.ActorTableData.FromString(raw)
-        if a.class_name == "TrainController" and a.state == dead:
+        if a.class_name == "TrainController":
             controllers.add(a.actor_id)
     freed = []
     for raw in accessor.get_placement_group_table():

@@ -77,7 +77,7 @@ def answers_match_seeds(results, work) -> None:
 def test_elastic_pool_spreads_over_nodes_and_follows_a_joining_node(cluster, tmp_path, bwrap):
     first = cluster.add_node(num_cpus=1)
     pool, _ = pool_of(tmp_path, {"min": 1, "max": 16})
-    work = jobs(48)
+    work = jobs(96)  # long enough for the new node's evaluators to start on loaded cores (CI: over 5 s) and take work
     joined = {}
 
     def add_node() -> None:
@@ -87,7 +87,7 @@ def test_elastic_pool_spreads_over_nodes_and_follows_a_joining_node(cluster, tmp
     answers_match_seeds(results, work)
     nodes = {r.node for r in results}
     assert first.node_id in nodes and joined["node"] in nodes  # the new node got work within the phase
-    later = [r.node for r in results[24:]]
+    later = [r.node for r in results[48:]]
     assert later.count(joined["node"]) >= 4, later
     assert pool.nodes().keys() == {first.node_id, joined["node"]}
     assert pool.size == 8  # 0.25 CPU each: four per node, and no more (max 16)

@@ -117,7 +117,7 @@ def test_a_server_restarted_while_the_trainer_takes_the_next_step_gets_the_versi
             ray.get(trainer.host_weights.remote(v))
         ray.kill(b, no_restart=False)
         _follow_until_served(sync, b)
-        assert ray.get(b.generate.remote(MESSAGES, GREEDY)).weight_version == v
+        assert ray.get(b.generate.remote(MESSAGES, GREEDY), timeout=120).weight_version == v
         assert all(torch.equal(_served(b)[k], on_record[k]) for k in on_record)
     finally:
         for s in (a, b):
