@@ -50,6 +50,17 @@ def _step(trainer) -> int:
     return m["version"]
 
 
+def _kill_and_restart(server, timeout: float = 120.0) -> int:
+    """Kills `server` for Ray to restart; the version the new instance holds its calls at. A call made right
+    after the kill can still reach the instance being killed (which answers `restarted` with None)."""
+    ray.kill(server, no_restart=False)
+    deadline = time.monotonic() + timeout
+    while (held := ray.get(server.restarted.remote())) is None:
+        assert time.monotonic() < deadline, "Ray did not restart the server"
+        time.sleep(0.1)
+    return held
+
+
 def _follow_until_served(sync, server, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while ray.get(server.restarted.remote()) is not None:
@@ -86,9 +97,8 @@ def test_a_restarted_server_holds_its_calls_until_it_is_brought_to_the_version_o
         sync = ObjectStoreSync(trainer, [a, b], version=ray.get(trainer.version.remote()))
         v = _step(trainer)
         sync.push(v)
-        ray.kill(b, no_restart=False)  # Ray restarts it on the weights it was started with (version 0)
+        assert _kill_and_restart(b) == 0  # Ray restarts it on the weights it was started with (version 0)
         call = b.generate.remote(MESSAGES, GREEDY)
-        assert ray.get(b.restarted.remote()) == 0
         assert not ray.wait([call], timeout=2.0)[0]  # held: no answer from the start-up weights
         _follow_until_served(sync, b)
         assert ray.get(call).weight_version == v and ray.get(b.version.remote()) == v
@@ -115,7 +125,7 @@ def test_a_server_restarted_while_the_trainer_takes_the_next_step_gets_the_versi
         assert _step(trainer) == v + 1  # not pushed: the next step's rollouts still run on v
         with pytest.raises(StaleTrainer):
             ray.get(trainer.host_weights.remote(v))
-        ray.kill(b, no_restart=False)
+        assert _kill_and_restart(b) == 0
         _follow_until_served(sync, b)
         assert ray.get(b.generate.remote(MESSAGES, GREEDY), timeout=120).weight_version == v
         assert all(torch.equal(_served(b)[k], on_record[k]) for k in on_record)
@@ -130,7 +140,7 @@ def test_a_restarted_server_already_on_the_version_on_record_serves_without_weig
     server = _server(tiny_policy, restarts=1)
     try:
         sync = ObjectStoreSync(None, [server], version=0)
-        ray.kill(server, no_restart=False)
+        assert _kill_and_restart(server) == 0
         _follow_until_served(sync, server)
         assert ray.get(server.generate.remote(MESSAGES, GREEDY)).weight_version == 0
     finally:
