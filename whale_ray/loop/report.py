@@ -110,7 +110,7 @@ class Report:
         val = run.evaluation("val", p.weight_version, p.harness_id, ev.val_samples)
         if val is None:
             return None, None, None
-        best = self.ctx.run.state.best
+        best = run.state.best
         if selection.improves_on_val(val.mean, None if best is None else best.val):  # ties keep the earlier pair
             best = Selection(weight_version=p.weight_version, checkpoint=p.checkpoint, harness_id=p.harness_id,
                              val=val.mean)
