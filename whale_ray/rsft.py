@@ -144,6 +144,20 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+@contextlib.contextmanager
+def _writing(path: Path, what: str):
+    """Names the checkpoint, the file and the space left when a write fails: torch's own error for a full disk
+    reads "unexpected pos ... vs ..." and says neither."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        try:
+            free = f"{shutil.disk_usage(path).free / 2**30:.2f} GiB free on its filesystem"
+        except OSError:
+            free = "free space unknown"
+        raise RuntimeError(f"checkpoint {path}: writing {what} failed ({free}): {e}") from e
+
+
 class RSFTLearner:
     """A causal LM, its AdamW optimizer, and the SFT step on accepted examples."""
 
@@ -284,17 +298,21 @@ class RSFTLearner:
         plus the optimizer state and `rsft_state.json` (step and hyper-parameters), written last."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        with _writing(path, "the weights"):
+            self.model.save_pretrained(path)
         for name in TOKENIZER_FILES:
             src = self.model_path / name
             if src.is_file() and src.resolve() != (path / name).resolve():
-                shutil.copy2(src, path / name)
-        torch.save({"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}, path / OPTIMIZER_FILE)
+                with _writing(path, name):
+                    shutil.copy2(src, path / name)
+        with _writing(path, OPTIMIZER_FILE):
+            torch.save({"optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}, path / OPTIMIZER_FILE)
         state = {"format": "whale_ray.rsft/1", "step": self.step, "updates": self.updates, "lr": self.lr,
                  "warmup_steps": self.warmup_steps, "max_grad_norm": self.max_grad_norm, "precision": self.precision,
                  "micro_batch": self.micro_batch, "epochs_per_step": self.epochs_per_step, "seed": self.seed,
                  "base_model": str(self.model_path)}
-        (path / STATE_FILE).write_text(json.dumps(state, indent=1))
+        with _writing(path, STATE_FILE):
+            (path / STATE_FILE).write_text(json.dumps(state, indent=1))
         return path
 
     def load(self, path: str | Path) -> None:

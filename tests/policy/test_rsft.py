@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from whale_ray.rsft import InvalidExamples, RSFTLearner, collate, completion_nll, truncate
+from whale_ray.rsft import OPTIMIZER_FILE, STATE_FILE, InvalidExamples, RSFTLearner, collate, completion_nll, truncate
 
 EXAMPLES = [([1, 2, 3], [4, 5, 6, 7]), ([8, 9], [10, 11]), ([12], [13, 14, 15, 16, 17]), ([3, 3, 3, 3, 3], [7])]
 
@@ -121,6 +122,20 @@ def test_save_load_resumes_exactly(tiny_model, tmp_path):
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     oa, ob = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
     assert all(torch.equal(oa[i]["exp_avg_sq"], ob[i]["exp_avg_sq"]) for i in oa)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (every write to it fails: no space)")
+def test_a_checkpoint_write_that_runs_out_of_space_names_the_checkpoint_and_the_file(tiny_model, tmp_path):
+    # the optimizer state's file leads to /dev/full, as a full disk would: torch's own error names neither
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / OPTIMIZER_FILE).symlink_to("/dev/full")
+    a = learner(tiny_model)
+    a.train_step(EXAMPLES)
+    with pytest.raises(RuntimeError, match=rf"checkpoint {ckpt}: writing {OPTIMIZER_FILE} failed \(.* free on its "
+                       r"filesystem\)"):
+        a.save(ckpt)
+    assert not (ckpt / STATE_FILE).exists()  # the record that makes a checkpoint loadable is written last
 
 
 def test_empty_step_is_a_no_op(tiny_model):
