@@ -180,6 +180,9 @@ class Domain(ABC):
     difficulty_field: ClassVar[str | None] = None
     # The domain's own config sections; the default has none.
     config_model: ClassVar[type[DomainConfig]] = DomainConfig
+    # The resources roles (`resources.<role>`) of the actors `start_services` starts, one actor each, so that
+    # the feasibility check before a run counts them.
+    service_roles: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def load_splits(self, data: DataSpec, seed: int) -> Splits:

@@ -88,15 +88,15 @@ def role_demands(cfg: Any, trains: bool, cpus: float | None = None) -> dict[str,
     """role -> (how many actors, one actor's bundle), for the roles this run starts (`trains`: the schedule
     has a weight phase, so Trainer workers) on a cluster of `cpus` CPUs (needed where the evaluators are
     counted from them, `sandbox.evaluators: cores`)."""
-    from whale_ray.domain import get_domain  # the retriever is a service of the search_qa domain
+    from whale_ray.domain import get_domain
 
     r: ResourcesConfig = cfg.resources
     out = {"policy_server": (cfg.policy.replicas, r.policy_server.bundle()),
            "evaluator": (cfg.sandbox.pool_bounds(cpus)[0], r.evaluator.bundle()), "proposer": (1, r.proposer.bundle())}
     if trains:
         out["trainer_worker"] = (cfg.weight.num_workers, trainer_bundle(r, cfg.weight.use_gpu))
-    if get_domain(cfg.domain).name == "search_qa":
-        out["retriever"] = (1, r.retriever.bundle())
+    for role in get_domain(cfg.domain).service_roles:  # search_qa's retriever, say
+        out[role] = (1, getattr(r, role).bundle())
     return out
 
 

@@ -28,6 +28,7 @@ class SearchQADomain(Domain):
     answer_format = AnswerFormat("<answer>", "</answer>")
     difficulty_field = "group"  # generated-1hop / generated-2hop, or the benchmark of a file
     config_model = SearchQAConfig
+    service_roles = ("retriever",)
 
     def load_splits(self, data_config: DataSpec, seed: int) -> Splits:
         return data.load_splits(data_config, seed)

@@ -5,21 +5,23 @@
 # STUDY_S seconds have passed, ends it with its process group (a study resumes from its root: Tune reruns no
 # finished pair and the running ones resume from their run directories), and sends back the root without
 # weights. Call it again, the machine still warm, until it prints "study finished".
+# DOMAIN names another world for the same settings (DOMAIN=domains.search_qa.reading ROOT=~/study-reading).
 # Usage, in the checkout's root there: bash scripts/gpu/study_h200.sh VLLM_SHA256 RAY_SHA256 GGUF_SHA256
 set -o pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source scripts/gpu/smollm2.sh "$1" "$2" "$3" || exit 1
-ROOT=~/study
+ROOT=${ROOT:-~/study}
 # what an earlier call's study left (ended by its timeout): its Ray cluster and whatever holds the GPU
 pkill -9 -f 'ray/core/src/ray/(raylet|gcs)' 2>/dev/null
 for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do kill -9 "$p"; done
 sleep 2; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 # bubblewrap (carried) if it works on this kernel, else rlimits only, for every pair alike
 if python3 -c "from whale_ray.sandbox.isolation import bwrap_launcher; bwrap_launcher()"; then iso=auto; else iso=unsafe_none; fi
-python3 - "$iso" <<'PY'
+python3 - "$iso" "${DOMAIN:-}" <<'PY'
 import sys, yaml
 tree = yaml.safe_load(open("scripts/gpu/study_smollm2.yaml"))
 tree["sandbox"]["isolation"] = sys.argv[1]
+tree["domain"] = sys.argv[2] or tree["domain"]
 yaml.safe_dump(tree, open("/tmp/study.yaml", "w"), sort_keys=False)
 PY
 echo "sandbox isolation: $iso"
@@ -43,5 +45,5 @@ nvidia-smi --query-gpu=memory.used --format=csv,noheader
 # the pairs' run directories and the comparison, without weights or rollout files (the tables and plots hold
 # what the comparison reads); state.json and records.json of each pair say where it stands
 tar czf "$OUT/study.tgz" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' --exclude='*.parquet' \
-  --exclude='tune' -C ~ study 2>/dev/null
+  --exclude='tune' -C "$(dirname $ROOT)" "$(basename $ROOT)" 2>/dev/null
 ls -la "$OUT"
