@@ -4,7 +4,10 @@ skill.md's variants through the offline proposer."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import libcst as cst
@@ -150,6 +153,17 @@ def test_warmstart_follows_h0s_chat_and_reads_warm_start_worlds_only():
         assert re.fullmatch(r"<answer>[^<]+</answer>|The answer is [^<]+\.", conv[-1]["content"]), conv[-1]
         tagged += conv[-1]["content"].startswith("<answer>")
     assert laid_out > 50 and 0.5 < tagged / len(conversations) < 0.95
+
+
+def test_warmstart_conversations_are_the_same_in_every_process():
+    # the embedded policy's cache key hashes a sample of them: a process-dependent order would rebuild it every run
+    code = ("import hashlib, json; from domains.search_qa.reading import DOMAIN; "
+            "print(hashlib.sha256(json.dumps(DOMAIN.warmstart_conversations(200, 0)).encode()).hexdigest())")
+    root = Path(__file__).resolve().parents[2]
+    digests = {subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONHASHSEED": str(h), "PYTHONPATH": str(root)}).stdout
+               for h in (1, 2, 3)}
+    assert len(digests) == 1, digests
 
 
 def test_skill_variants_parse_and_the_offline_proposer_applies_them(tmp_path: Path):

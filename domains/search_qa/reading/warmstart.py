@@ -28,7 +28,7 @@ TAGGED_RATE = {(False, False): 0.3, (False, True): 0.7, (True, False): 0.6, (Tru
 
 def reply(world, question, shown: list[Passage], tags_asked: bool, examples: int, rng: random.Random) -> str:
     q = world.by_question[question]
-    titles = {p.title for p in shown}
+    titles = list(dict.fromkeys(p.title for p in shown))  # in order: a set's order changes with PYTHONHASHSEED
     if q.answer_title in titles and rng.random() < READ_RATE:
         answer = q.answers[0]
     else:
