@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow.parquet as pq
 import pytest
@@ -429,3 +429,35 @@ def trainer_actor(model: str, cfg: Any, checkpoint_dir: Path) -> Iterator[Any]:
     finally:
         ray.get(trainer.shutdown.remote())
         ray.kill(trainer)
+
+
+def check_skill_variants(domain: Any, warmstart_prompts: Iterable[str], archive_dir: Path) -> None:
+    """A world's skill.md against its h0: the variants parse and name h0's functions, the phrases make up every
+    system prompt the warm-start taught, each variant applies to h0 as the offline proposer applies it and loads as a
+    harness, and the offline proposer's first proposals use at least two of them."""
+    import libcst as cst
+
+    from whale_ray.harness import check_harness_source
+    from whale_ray.proposers.edits import Edit, apply_edit
+    from whale_ray.proposers.knobs import function_fingerprint
+    from whale_ray.proposers.offline import OfflineProposer
+    from whale_ray.proposers.skill import parse_skill
+
+    skill = parse_skill(domain.skill_text)
+    assert not skill.warnings
+    h0_code = domain.h0_path.read_text()
+    functions = {name for name, v in load_harness(domain.folder, h0_code).items() if callable(v)}
+    assert {v.name for v in skill.variants} <= functions and len(skill.variants) >= 4
+    for prompt in warmstart_prompts:  # the phrase edits reach the prompts the warm-start taught
+        assert not re.sub("|".join(re.escape(p) for p in skill.phrases), "", prompt).strip(), prompt
+    for v in skill.variants:
+        code = apply_edit(cst.parse_module(h0_code), Edit("function", v.name, None, v)).code
+        check_harness_source(code, f"h0 with the {v.name} variant")
+        assert function_fingerprint(code, v.name) == v.fingerprint
+    archive = Archive(archive_dir)
+    archive.add_candidate(h0_code, parent=None, hypothesis="seed", iteration=0, cycle=0, candidate_id="h0")
+    proposals = OfflineProposer().propose(archive, 6, 1, skill_text=domain.skill_text, seed=0).proposals
+    for p in proposals:
+        check_harness_source(p.code, "proposal")
+    proposed = {v.name for v in skill.variants for p in proposals if function_fingerprint(p.code, v.name) == v.fingerprint}
+    assert len(proposed) >= 2, [p.hypothesis for p in proposals]

@@ -31,10 +31,12 @@ Randomness is random.Random with string seeds (independent of PYTHONHASHSEED).
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 import re
 import zlib
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from whale_ray.domain import DataError
 from whale_ray.records import Task
@@ -371,22 +373,26 @@ def conversation_chars(messages: list[dict[str, str]]) -> int:
     return sum(len(m["content"]) for m in messages)
 
 
+def warmstart_questions(world_prefix: str, rng: random.Random) -> Iterator[tuple[World, WorldSearch, Question]]:
+    """Every question of warm-start world `{world_prefix}0`, then `1`, ..., each world's in an order drawn from
+    `rng`, with the world and a search over it; worlds are built as they are reached."""
+    for world_index in itertools.count():
+        world = build_world(f"{world_prefix}{world_index}", warmstart=True)
+        search = WorldSearch(world)
+        questions = list(world.questions)
+        rng.shuffle(questions)
+        for q in questions:
+            yield world, search, q
+
+
 def warmstart_conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
     """`n` teacher conversations over warm-start worlds (never an evaluation world's names)."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     rng = random.Random(f"whale-search-warmstart:{seed}")
     out: list[list[dict[str, str]]] = []
-    world_index = 0
-    while len(out) < n:
-        world = build_world(f"{seed}:{world_index}", warmstart=True)
-        world_index += 1
-        search = WorldSearch(world)
-        questions = list(world.questions)
-        rng.shuffle(questions)
-        for q in questions:
-            if len(out) >= n:
-                break
+    if n:
+        for world, search, q in warmstart_questions(f"{seed}:", rng):
             prompt = draw_system_prompt(rng)
             topk = rng.choices(list(WARMSTART_TOPK), weights=list(WARMSTART_TOPK.values()))[0]
             chat = simulate(world, search, q.text, prompt, rng, topk=topk, max_turns=WARMSTART_MAX_TURNS)
@@ -394,4 +400,6 @@ def warmstart_conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
                 chat = simulate(world, search, q.text, prompt, rng, topk=1, max_turns=WARMSTART_MAX_TURNS)
             if conversation_chars(chat) <= MAX_CONVERSATION_CHARS:
                 out.append(chat)
+                if len(out) == n:
+                    break
     return out

@@ -6,20 +6,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import libcst as cst
 import pytest
 
 from domains.math_reasoning import verifier
 from domains.math_reasoning.arithmetic import DOMAIN, generator
-from tests.helpers import load_harness, safe_eval
+from tests.helpers import check_skill_variants, load_harness, safe_eval
 from tests.inprocess_agent import InProcessEpisode
-from whale_ray.archive import Archive
 from whale_ray.config import DataConfig
 from whale_ray.domain import Splits, get_domain
-from whale_ray.harness import check_harness_source
-from whale_ray.proposers.edits import Edit, apply_edit
-from whale_ray.proposers.knobs import function_fingerprint
-from whale_ray.proposers.offline import OfflineProposer
 from whale_ray.proposers.skill import parse_skill
 from whale_ray.records import Task
 
@@ -158,21 +152,4 @@ def test_warmstart_follows_h0s_chat():
 
 
 def test_skill_variants_parse_and_the_offline_proposer_applies_them(tmp_path: Path):
-    skill = parse_skill(DOMAIN.skill_text)
-    assert not skill.warnings
-    functions = {name for name, v in h0().items() if callable(v)}
-    assert {v.name for v in skill.variants} <= functions and len(skill.variants) >= 4
-    for prompt in generator.SYSTEM_PROMPTS:  # the phrase edits reach the prompts the warm-start taught
-        assert not re.sub("|".join(re.escape(p) for p in skill.phrases), "", prompt).strip(), prompt
-    h0_code = (FOLDER / "h0.py").read_text()
-    for v in skill.variants:  # each applies to h0 as the offline proposer applies it, and loads as a harness
-        code = apply_edit(cst.parse_module(h0_code), Edit("function", v.name, None, v)).code
-        check_harness_source(code, f"h0 with the {v.name} variant")
-        assert function_fingerprint(code, v.name) == v.fingerprint
-    archive = Archive(tmp_path / "archive")
-    archive.add_candidate(h0_code, parent=None, hypothesis="seed", iteration=0, cycle=0, candidate_id="h0")
-    proposals = OfflineProposer().propose(archive, 6, 1, skill_text=DOMAIN.skill_text, seed=0).proposals
-    for p in proposals:
-        check_harness_source(p.code, "proposal")
-    proposed = {v.name for v in skill.variants for p in proposals if function_fingerprint(p.code, v.name) == v.fingerprint}
-    assert len(proposed) >= 2, [p.hypothesis for p in proposals]
+    check_skill_variants(DOMAIN, generator.SYSTEM_PROMPTS, tmp_path / "archive")

@@ -10,22 +10,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-import libcst as cst
 import pytest
 
 from domains.search_qa import DOMAIN as SEARCH_QA
 from domains.search_qa import generator, verifier
 from domains.search_qa.reading import DOMAIN, warmstart
 from domains.search_qa.retrieval import BM25Retriever
-from tests.helpers import load_harness
+from tests.helpers import check_skill_variants, load_harness
 from tests.inprocess_agent import InProcessEpisode
-from whale_ray.archive import Archive
 from whale_ray.config import DataConfig, load_config
 from whale_ray.domain import get_domain
-from whale_ray.harness import check_harness_source
-from whale_ray.proposers.edits import Edit, apply_edit
-from whale_ray.proposers.knobs import function_fingerprint
-from whale_ray.proposers.offline import OfflineProposer
 from whale_ray.proposers.skill import parse_skill
 from whale_ray.records import Task
 from whale_ray.resources import role_demands
@@ -167,20 +161,4 @@ def test_warmstart_conversations_are_the_same_in_every_process():
 
 
 def test_skill_variants_parse_and_the_offline_proposer_applies_them(tmp_path: Path):
-    skill = parse_skill(DOMAIN.skill_text)
-    assert not skill.warnings
-    functions = {name for name, v in harness().items() if callable(v)}
-    assert {v.name for v in skill.variants} <= functions and len(skill.variants) >= 4
-    for prompt in warmstart.SYSTEM_PROMPTS:  # the phrase edits reach the prompts the warm-start taught
-        assert not re.sub("|".join(re.escape(p) for p in skill.phrases), "", prompt).strip(), prompt
-    for v in skill.variants:  # each applies to h0 as the offline proposer applies it, and loads as a harness
-        code = apply_edit(cst.parse_module(H0), Edit("function", v.name, None, v)).code
-        check_harness_source(code, f"h0 with the {v.name} variant")
-        assert function_fingerprint(code, v.name) == v.fingerprint
-    archive = Archive(tmp_path / "archive")
-    archive.add_candidate(H0, parent=None, hypothesis="seed", iteration=0, cycle=0, candidate_id="h0")
-    proposals = OfflineProposer().propose(archive, 6, 1, skill_text=DOMAIN.skill_text, seed=0).proposals
-    for p in proposals:
-        check_harness_source(p.code, "proposal")
-    proposed = {v.name for v in skill.variants for p in proposals if function_fingerprint(p.code, v.name) == v.fingerprint}
-    assert len(proposed) >= 2, [p.hypothesis for p in proposals]
+    check_skill_variants(DOMAIN, warmstart.SYSTEM_PROMPTS, tmp_path / "archive")

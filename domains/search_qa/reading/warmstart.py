@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 
-from domains.search_qa.generator import MAX_CONVERSATION_CHARS, WorldSearch, build_world, conversation_chars
+from domains.search_qa.generator import MAX_CONVERSATION_CHARS, WorldSearch, conversation_chars, warmstart_questions
 from domains.search_qa.retrieval import Passage
 
 from . import h0
@@ -63,17 +63,11 @@ def conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
         raise ValueError(f"n must be >= 0, got {n}")
     rng = random.Random(f"whale-reading-warmstart:{seed}")
     out: list[list[dict[str, str]]] = []
-    world_index = 0
-    while len(out) < n:
-        world = build_world(f"reading:{seed}:{world_index}", warmstart=True)
-        world_index += 1
-        search = WorldSearch(world)
-        questions = [q.text for q in world.questions]
-        rng.shuffle(questions)
-        for question in questions:
-            if len(out) >= n:
-                break
-            chat = conversation(world, search, question, rng)
+    if n:
+        for world, search, q in warmstart_questions(f"reading:{seed}:", rng):
+            chat = conversation(world, search, q.text, rng)
             if conversation_chars(chat) <= MAX_CONVERSATION_CHARS:
                 out.append(chat)
+                if len(out) == n:
+                    break
     return out
