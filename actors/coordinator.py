@@ -108,7 +108,8 @@ class Coordinator:
         run = RunDirectory(cfg.run_dir)
         state, p = run.state, cfg.policy
         restarts = {"max_restarts": cfg.faults.actor_restarts, "max_task_retries": cfg.faults.actor_restarts}
-        # The Trainer and the PolicyServer start at the latest weights on record.
+        # The Trainer and the PolicyServer start at the latest checkpoint on record (the loop trains on from there
+        # to the record's weight version if the last one was still being written: weight_phase.retrain_unsaved_steps).
         checkpoint = str(run.root / state.checkpoint) if state.checkpoint else None
         self.trainer = None
         if self.trains:
@@ -116,9 +117,9 @@ class Coordinator:
                 self.base_model, cfg.weight, str(run.root / "trainer"), seed=cfg.seed,
                 resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu), events_dir=str(run.root),
                 empty_cache_after_step=p.engine == "vllm" and p.sleep_level > 0)
-        self.policies = start_policy_servers(cfg, checkpoint or self.base_model, place, version=state.weight_version,
-                                             events_dir=str(run.root), **restarts)
-        self.sync = make_weight_sync(cfg, self.trainer, self.policies, state.weight_version, self.events)
+        self.policies = start_policy_servers(cfg, checkpoint or self.base_model, place,
+                                             version=state.checkpoint_version, events_dir=str(run.root), **restarts)
+        self.sync = make_weight_sync(cfg, self.trainer, self.policies, state.checkpoint_version, self.events)
         self.services = self.domain.start_services(cfg, self.splits, place)
         reserve = {}
         if self.trains:  # an elastic pool leaves the Trainer's workers room to start again in the next phase

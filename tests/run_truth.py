@@ -110,6 +110,9 @@ def check_selection(run_dir: Path, state: dict) -> tuple[int, str]:
     assert best is not None
     assert state["best"]["weight_version"] == best[0] and state["best"]["harness_id"] == best[1]
     assert state["best"]["val"] == vals[best]
+    # the weights it names are its version's, whole on disk (a checkpoint written beside a phase is on record first)
+    assert state["best"]["checkpoint"] == (f"checkpoints/v{best[0]:05d}" if best[0] else None)
+    assert best[0] == 0 or (run_dir / state["best"]["checkpoint"]).is_dir()
     # D_val is evaluated for the rows' pairs only, D_test only to report a best pair
     assert rollout_names(run_dir, "val") == sorted(eval_file(run_dir, "val", *p).stem for p in pairs)
     assert rollout_names(run_dir, "test") == sorted(eval_file(run_dir, "test", *p).stem for p in bests)

@@ -147,7 +147,12 @@ class RunState(BaseModel):
     cycle: int = 0
     phase: Optional[PhaseProgress] = None
     weight_version: int = 0
-    checkpoint: Optional[str] = None
+    checkpoint: Optional[str] = None  # the latest checkpoint on record, relative to the run dir; None: the base model
+    checkpoint_version: int = 0  # its weight version: weight_version's, but while `checkpoint_pending` is written
+    # weight_version's checkpoint while the Trainer writes it in the background (a weight phase's last, written
+    # beside the harness phase): until it is on record, a relaunch starts from `checkpoint` and trains the steps on
+    # record after it again, on their recorded examples
+    checkpoint_pending: Optional[str] = None
     accepted_harness: str = "h0"
     weight_cursor: int = 0  # position in the current pass over D_weight
     weight_pass: int = 0  # how many passes over D_weight have started (seeds the shuffle)
@@ -186,6 +191,12 @@ class RunState(BaseModel):
                                 "samples": int(samples), "mean": mean, "metrics": metrics.get(key, {})})
         data.setdefault("evaluations", evaluations)
         return data
+
+    @model_validator(mode="after")
+    def _checkpoint_version(self) -> "RunState":
+        if "checkpoint_version" not in self.model_fields_set:  # a state.json from before it was recorded
+            self.checkpoint_version = self.weight_version
+        return self
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunState | None":

@@ -93,6 +93,10 @@ def test_resume_after_kills_inside_and_between_phases(tmp_path, tiny_policy):
         kill_points = [
             # inside the first weight phase, after one step: the Trainer's state comes back from its checkpoint
             lambda s: phase(s).get("kind") == "weight" and phase(s).get("units_done", 0) >= 1 and not phase(s)["done"],
+            # inside the harness phase while the weight phase's last checkpoint is not on record: the relaunch
+            # trains the steps after the one on record again, on their recorded examples
+            lambda s: phase(s).get("kind") == "harness" and phase(s).get("units_done", 0) >= 1
+            and s.get("checkpoint_pending") is not None,
             # between phases: a cycle's phases are done and its report (D_val, selection, D_test) is not; the
             # last cycle's runs alone, so the window is there whatever eval.overlap does with the others
             lambda s: not phase(s) and (s.get("report") or {}).get("cycle", -1) >= 0,
@@ -115,6 +119,10 @@ def test_resume_after_kills_inside_and_between_phases(tmp_path, tiny_policy):
     assert s["phases_done"] == reference["phases_done"] and s["best"] == reference["best"]
     assert spent(s) == spent(reference)
     assert s["weight_version"] == s["ledger"]["weight_steps"] == reference["weight_version"] > 0
+    assert s["checkpoint_pending"] is None and s["checkpoint_version"] == s["weight_version"]
+    timings = [json.loads(line) for line in (run_dir / "timings.jsonl").read_text().splitlines()]
+    assert [t["steps"] for t in timings if t["act"] == "retrain"] == [seen[1]["weight_version"] - seen[1]["checkpoint_version"]]
+    assert seen[1]["weight_version"] > seen[1]["checkpoint_version"]
     # and both are what the config's budgets and the rollout files make them
     for run in (run_dir, reference_dir):
         check_selection(run, state(run))

@@ -55,7 +55,7 @@ class Pool:
                 ok = _unit(job.seed) < level
                 text = f"\\boxed{{{job.task.answer if ok else 'wrong'}}}"
                 call = ModelCall(messages=[{"role": "user", "content": job.task.question}], text=text,
-                                 prompt_ids=[1, 2, 3], completion_ids=[4, 5], logprobs=[-0.1, -0.2], weight_version=0,
+                                 prompt_ids=[1, 2, job.seed % 997], completion_ids=[4, 5], logprobs=[-0.1, -0.2], weight_version=0,
                                  finish_reason="stop")
                 results.append(EpisodeResult(status="ok", reason="", answer=text, calls=[call], events=[], wall_s=0.0))
             on_done(len(results))
@@ -264,6 +264,58 @@ def test_a_crash_while_a_checkpoint_is_written_resumes_from_the_one_before(tmp_p
         resumed.load_checkpoint(cfg.run_dir / before.checkpoint)
     make_loop(cfg, trainer=resumed)[0].run()
     assert comparable(RunState.load(cfg.run_dir)) == comparable(RunState.load(clean_cfg.run_dir))
+
+
+class CrashBesideTheLastWrite(CrashWhileWriting):
+    """Dies in the first pool call made while the trainer writes its n-th checkpoint (a weight phase's last, with
+    checkpoint_every above the phase's steps: the harness phase runs beside it)."""
+
+    def __init__(self, trainer, n):
+        super().__init__(trainer)
+        self.n, self.seen = n, []
+
+    def run(self, work, on_done):
+        if self.trainer.writing is not None and self.trainer.writing not in self.seen:
+            self.seen.append(self.trainer.writing)
+        if len(self.seen) < self.n:
+            return Pool.run(self, work, on_done)
+        return super().run(work, on_done)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_crash_beside_a_phases_last_checkpoint_trains_its_steps_again_and_runs_no_rollout_twice(n, tmp_path):
+    """A weight phase's last checkpoint is written while the harness phase runs, the record already at its version:
+    a crash before it is written leaves the record ahead of the checkpoint on record. The relaunch trains the steps
+    after that checkpoint again on their recorded examples (the same examples in the same order), pushes the
+    weights, runs no episode twice, and ends where a clean run ends."""
+    over = {"condition": "whale", "weight__checkpoint_every": 100, "weight__prompts_per_step": 2}
+    clean_cfg = small_config(tmp_path / "clean", **over)
+    clean_loop, clean = make_loop(clean_cfg)
+    clean_loop.run()
+    cfg = small_config(tmp_path / "run", **over)
+    trainer = Trainer()
+    loop, first = make_loop(cfg, pool=CrashBesideTheLastWrite(trainer, n), trainer=trainer)
+    with pytest.raises(Crash):
+        loop.run()
+    before = RunState.load(cfg.run_dir)
+    assert before.phase.kind == "harness" and before.phase.cycle == n - 1
+    assert before.checkpoint_pending == f"checkpoints/v{before.weight_version:05d}"
+    assert before.checkpoint_version < before.weight_version == trainer.version
+    assert not (cfg.run_dir / before.checkpoint_pending).exists()
+    resumed = Trainer()
+    if before.checkpoint:
+        resumed.load_checkpoint(cfg.run_dir / before.checkpoint)
+    assert resumed.version == before.checkpoint_version
+    loop, again = make_loop(cfg, trainer=resumed)
+    loop.run()
+    unsaved = before.weight_version - before.checkpoint_version
+    assert resumed.examples[:unsaved] == trainer.examples[-unsaved:]
+    assert again.weights.calls[:2] == ["before_step", ("push", before.weight_version)]
+    assert first.pool.episodes + again.pool.episodes == clean.pool.episodes
+    after = RunState.load(cfg.run_dir)
+    assert comparable(after) == comparable(RunState.load(clean_cfg.run_dir))
+    assert after.checkpoint_pending is None and after.checkpoint_version == after.weight_version
+    assert after.checkpoint == f"checkpoints/v{after.weight_version:05d}"
 
 
 @pytest.mark.parametrize("condition", ["rsft_only", "mh_only", "whale", "stagewise"])

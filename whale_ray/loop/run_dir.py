@@ -176,6 +176,14 @@ class RunDirectory:
         if name not in self.state.train_steps:
             self.state.train_steps.append(name)
 
+    def train_record(self, name: str) -> dict[str, Any]:
+        return json.loads((self.root / "train" / f"{name}.json").read_text())
+
+    def rollout_calls(self, name: str) -> dict[tuple[str, int], list[dict[str, Any]]]:
+        """The model calls of each episode of rollouts/<name>.parquet (token ids, as stored), by (task, sample)."""
+        rows = pq.read_table(self.root / "rollouts" / f"{name}.parquet", columns=["task_id", "sample", "calls"])
+        return {(r["task_id"], r["sample"]): r["calls"] for r in rows.to_pylist()}
+
     def checkpoint_path(self, version: int) -> Path:
         return self.root / "checkpoints" / f"v{version:05d}"
 

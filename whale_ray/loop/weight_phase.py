@@ -6,10 +6,14 @@
         hand the new weights to the weight sync, which puts them on every PolicyServer;
         every `checkpoint_every` steps, checkpoint and commit
 
-A step's work goes on record only with a checkpoint, so a relaunch restarts from the last checkpoint and
-redoes the steps after it with the same prompts and seeds: no optimizer step is lost or taken twice. The Trainer
+Inside the phase a step's work goes on record only with a checkpoint, so a relaunch restarts from the last
+checkpoint and redoes the steps after it with the same prompts and seeds: no optimizer step is lost or taken
+twice. The Trainer
 writes a step's checkpoint while the next step's rollouts run, and the commit waits for the write (before that
-step's own work is recorded or trained on); the phase's last checkpoint is waited for at once.
+step's own work is recorded or trained on). The phase's last checkpoint is written beside what follows (the
+harness phase): the record goes on at weight_version with `checkpoint_pending` naming it, and it is put on record
+before the cycle's selection (`settle_checkpoint`). A relaunch in between starts from the checkpoint before it and
+trains the steps after that again on their recorded examples (`retrain_unsaved_steps`): no rollout runs twice.
 
 With `weight.max_staleness: 1` the next step's rollouts run while the Trainer takes this one, on the weights the
 servers hold (the engine does not sleep then), so a step trains on samples one version old; each trained call's
@@ -105,6 +109,7 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
             return 0
         return min(cfg.prompts_per_step, budget - prompts_done)
 
+    settle_checkpoint(ctx)  # an earlier phase's, if no selection came between
     since_checkpoint = 0
     writing: Path | None = None  # a checkpoint being written while this step's rollouts run
     ahead: Step | None = None  # this step's rollouts, run while the Trainer took the one before (max_staleness 1)
@@ -160,10 +165,12 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         ctx.progress.set(detail=f"step {prog.units_done}: reward {reward:.3f}, {len(examples)} accepted calls, "
                                 f"loss {metrics.get('loss', float('nan')):.3f}")
     started = time.perf_counter()
-    if writing is not None:
-        checkpoint_written(ctx, writing)
     if since_checkpoint:
-        checkpoint(ctx, wait=True)
+        writing = checkpoint(ctx, wait=False)
+    if writing is not None and cfg.release_workers:
+        checkpoint_written(ctx, writing)  # the workers go next, and rank 0's write with them
+    elif writing is not None:  # the phase's last checkpoint: written beside what follows (settle_checkpoint)
+        state.checkpoint_pending = ctx.run.relative(writing)
     if trainer is not None and cfg.release_workers:
         with ctx.run.timed("weight", "release"):
             sync.release()
@@ -204,6 +211,44 @@ def checkpoint_written(ctx: RunContext, path: Path) -> None:
 
 
 def on_record(ctx: RunContext, path: Path) -> None:
-    ctx.run.state.checkpoint = ctx.run.relative(path)
+    state = ctx.run.state
+    state.checkpoint, state.checkpoint_version, state.checkpoint_pending = ctx.run.relative(path), state.weight_version, None
     ctx.run.commit()
     ctx.run.prune_checkpoints()
+
+
+def settle_checkpoint(ctx: RunContext) -> None:
+    """Puts the weight phase's last checkpoint on record, once the Trainer has written it (waiting if it still
+    writes): before the cycle's selection, which names the checkpoint of the weights it selects."""
+    pending = ctx.run.state.checkpoint_pending
+    if pending is not None:
+        checkpoint_written(ctx, ctx.run.root / pending)
+
+
+def retrain_unsaved_steps(ctx: RunContext) -> None:
+    """A relaunch whose last commit came while the weight phase's last checkpoint was being written: the Trainer
+    and the servers hold `checkpoint`, the record is further on. The weight steps on record after the checkpoint are
+    trained again on their recorded examples (no rollout runs again, nothing is counted again), the weights go to
+    the servers, and the checkpoint is written again in the background."""
+    state = ctx.run.state
+    if state.checkpoint_pending is None:
+        return
+    steps = [r for r in map(ctx.run.train_record, state.train_steps)
+             if r["metrics"]["trained"] and r["version_before"] >= state.checkpoint_version]
+    with ctx.run.timed("weight", "retrain") as timing:
+        ctx.roles.weights.before_step()
+        for record in steps:
+            metrics = ctx.roles.trainer.train_step(recorded_examples(ctx, record), record["version_before"])
+            if metrics["version"] != record["version_after"]:
+                raise RuntimeError(f"train/ step {record['cycle']}:{record['step']} trained again gave weight version "
+                                   f"{metrics['version']}, its record says {record['version_after']}")
+        ctx.roles.weights.push(state.weight_version)
+        timing.update(steps=len(steps), version=state.weight_version)
+    checkpoint(ctx, wait=False)
+
+
+def recorded_examples(ctx: RunContext, record: dict) -> list[SFTExample]:
+    """A weight step's SFT examples, in the order it trained on them, from its rollout file."""
+    calls = ctx.run.rollout_calls(record["rollout_file"])
+    return [(call["prompt_ids"], call["completion_ids"])
+            for call in (calls[s["task_id"], s["sample"]][s["call"]] for s in record["examples"])]

@@ -22,7 +22,7 @@ from whale_ray.loop.context import Progress, Roles, RunContext
 from whale_ray.loop.harness_phase import HarnessSearch
 from whale_ray.loop.report import Report
 from whale_ray.loop.run_dir import RunDirectory
-from whale_ray.loop.weight_phase import weight_phase
+from whale_ray.loop.weight_phase import retrain_unsaved_steps, settle_checkpoint, weight_phase
 from whale_ray.run_state import CycleRow, PhaseProgress
 from whale_ray.schedules import Phase, plan
 
@@ -49,7 +49,8 @@ class WhaleLoop:
     def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
         """Runs (or resumes) the schedule; `on_cycle` sees each cycle's row as it is recorded."""
         self.report.on_row = on_cycle
-        self.report.finish()  # a relaunch first reports a cycle whose evaluations were cut short
+        retrain_unsaved_steps(self.ctx)  # a relaunch first brings the weights to the record
+        self.report.finish()  # and reports a cycle whose evaluations were cut short
         if not self.state.history:
             self.report.close(-1, [])  # row 0: (θ0, h0), the starting point
         for c, phases in enumerate(self.plan):
@@ -65,6 +66,7 @@ class WhaleLoop:
                 else:
                     self.search.run(c, prog, phase)
                 self.leave_phase(prog)
+            settle_checkpoint(self.ctx)  # the weight phase's last checkpoint, written beside the harness phase
             self.report.close(c, phases)  # selection and report: beside the next cycle's first episodes
         self.report.finish()
         self.state.finished = True

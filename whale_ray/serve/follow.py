@@ -33,7 +33,7 @@ class RunView:
 def view_of(state: RunState | None, run_dir: Path, base_model: str) -> RunView:
     if state is None:  # the run has not written its first state yet
         return RunView(Weights(0, base_model), Weights(0, base_model), "h0")
-    latest = recorded(run_dir, state.weight_version, state.checkpoint, base_model)
+    latest = recorded(run_dir, state.checkpoint_version, state.checkpoint, base_model)
     if state.best is None:
         return RunView(latest, latest, state.accepted_harness)
     b = state.best
