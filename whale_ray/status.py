@@ -44,6 +44,7 @@ def read_status(run_dir: Path) -> dict[str, Any]:
     return {"run_dir": str(root.resolve()), "config": config_note, "finished": state.finished, "cycle": state.cycle,
             "cycles": cycles, "phase": state.phase.model_dump() if state.phase else None,
             "weight_version": state.weight_version, "checkpoint": state.checkpoint,
+            "checkpoint_pending": state.checkpoint_pending,
             "accepted_harness": state.accepted_harness, "rollouts": dict(rows), "ledger": state.ledger.model_dump(),
             "best": best.model_dump() if best else None,
             "best_test": best_test.model_dump() if best_test else None,
@@ -84,7 +85,8 @@ def format_status(s: dict[str, Any]) -> str:
     order = ["weight", "harness", "validate", "val", "test"]
     rollouts = ", ".join(f"{k} {v}" for k, v in sorted(s["rollouts"].items(), key=lambda kv: order.index(kv[0]))) or "none yet"
     lines = [f"run {s['run_dir']}  ({s['config']})", f"where:     {where}",
-             f"weights:   version {s['weight_version']} ({s['checkpoint'] or 'base model'}); "
+             f"weights:   version {s['weight_version']} ({s['checkpoint'] or 'base model'}"
+             f"{'; ' + s['checkpoint_pending'] + ' being written' if s.get('checkpoint_pending') else ''}); "
              f"accepted harness {s['accepted_harness']}",
              f"rollouts:  {rollouts}  (training {led['weight_rollouts'] + led['harness_rollouts']}, "
              f"eval {led['eval_rollouts']}; {led['weight_steps']} weight steps, {led['harness_iterations']} "

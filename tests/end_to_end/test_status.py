@@ -63,6 +63,15 @@ def test_status_of_a_run_in_progress(tmp_path):
     assert "t2 recovered actor=PolicyServer weight_version=1" in text and "not json" in text
 
 
+def test_status_names_the_checkpoint_being_written_beside_the_harness_phase(tmp_path):
+    _, run = make_run(tmp_path)
+    run.state.phase = PhaseProgress(cycle=0, index=1, kind="harness")
+    run.state.checkpoint_pending = "checkpoints/v00001"
+    run.commit()
+    out = status(run.root)
+    assert "version 1 (base model; checkpoints/v00001 being written)" in out.stdout, out.stdout
+
+
 def test_status_of_a_finished_run(tmp_path):
     cfg, run = make_run(tmp_path)
     run.state.finished, run.state.cycle, run.state.phase = True, cfg.cycles, None
