@@ -95,3 +95,14 @@ def test_a_version_1_state_is_read_into_typed_records(tmp_path):
     test = run.evaluation("test", 0, "h0", 8)
     assert (test.mean, test.metrics) == (0.125, {"truncation_rate": 0.5})
     assert run.evaluation("test", 0, "h0", 4) is None  # another sample count is another evaluation
+
+
+def test_a_state_from_before_checkpoint_version_reads_its_checkpoint_as_the_weight_versions(tmp_path):
+    """Before a weight phase's last checkpoint was written beside the harness phase, the checkpoint on record always
+    held the record's weight version."""
+    (tmp_path / "state.json").write_text(json.dumps({"version": 2, "weight_version": 7, "checkpoint": "checkpoints/v00007"}))
+    state = RunState.load(tmp_path)
+    assert (state.checkpoint_version, state.checkpoint_pending) == (7, None)
+    state.weight_version, state.checkpoint_pending = 8, "checkpoints/v00008"
+    state.save(tmp_path)
+    assert RunState.load(tmp_path).checkpoint_version == 7
