@@ -24,10 +24,10 @@ SLOW = "import time\n\ndef run(task, agent):\n    time.sleep(0.4)\n    return '\
 FAST_DEATH = {"health_check_period_ms": 300, "health_check_failure_threshold": 3, "health_check_initial_delay_ms": 0}
 
 
-@pytest.fixture
-def cluster():
-    """A head that holds no actors (0 CPUs) and worker nodes added by each test; the session's own local Ray
-    is put back afterwards for the tests that follow."""
+@pytest.fixture(scope="module")
+def head():
+    """A head that holds no actors (0 CPUs), one for the module: its start and the driver's moves to it and back
+    are paid once. The session's own local Ray is put back afterwards for the modules that follow."""
     was_up = ray.is_initialized()
     if was_up:
         ray.shutdown()
@@ -38,6 +38,16 @@ def cluster():
     c.shutdown()
     if was_up:
         ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+
+@pytest.fixture
+def cluster(head):
+    """The head with the worker nodes each test adds; they are removed after it, and the GCS has marked every one
+    dead before the next test starts, so each test sees only its own nodes, as on a fresh cluster."""
+    yield head
+    for node in list(head.worker_nodes):
+        head.remove_node(node, allow_graceful=False)
+    head.wait_for_nodes(timeout=60)
 
 
 def jobs(n: int) -> list[EpisodeJob]:

@@ -109,10 +109,10 @@ def load_tokenizer(model_path: Path | str) -> "PreTrainedTokenizerBase":
 def check_checkpoint(model_path: Path | str) -> Path:
     """Everything about a checkpoint that can be checked before anything starts: its files, a model config
     transformers knows, a tokenizer with a chat template, an eos id. The weights are not read."""
-    from transformers import AutoConfig
-
     path = check_checkpoint_dir(model_path)
     _read_json(path, "config.json")
+    from transformers import AutoConfig  # here: a folder that is no checkpoint is named without loading torch
+
     try:
         AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
