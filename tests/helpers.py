@@ -294,7 +294,8 @@ class Run:
             if (Path(self.base) / name).is_file():
                 shutil.copy2(Path(self.base) / name, path / name)
         old = self.state.checkpoint
-        self.state.weight_version, self.state.checkpoint = version, str(path.relative_to(self.root))
+        self.state.weight_version = self.state.checkpoint_version = version
+        self.state.checkpoint = str(path.relative_to(self.root))
         self.state.save(self.root)
         if old:
             shutil.rmtree(self.root / old)
