@@ -157,9 +157,9 @@ class Coordinator:
         self._last_start_failure = None
         if self.trainer is not None and checkpoint:
             ray.get(self.trainer.load_checkpoint.remote(checkpoint))
-        if self.trainer is not None and not run.state.finished:
-            self.trainer.start_workers.remote()  # not awaited: the Ray Train run starts beside the first evaluation
         self.loop = WhaleLoop(self.cfg, roles, run, self.domain, self.splits)
+        if self.trainer is not None and self.loop.trains_again():
+            self.trainer.start_workers.remote()  # not awaited: the Ray Train run starts beside the first evaluation
 
     def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
         """Runs (or resumes) the schedule, riding out lost actors (see the module docstring); however it ends,

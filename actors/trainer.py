@@ -537,14 +537,15 @@ class Trainer:
         self._saved(path)
 
     def load_checkpoint(self, path: str) -> None:
-        """Restore model, optimizer and version from a `save_checkpoint` directory (exact resume)."""
+        """Restore model, optimizer and version from a `save_checkpoint` directory (exact resume). Without a Ray
+        Train run up it is only recorded: the next run starts from it when a call first needs the workers, so a
+        relaunch with no step ahead starts none."""
         p = Path(path).resolve()
         _check_checkpoint(p)
         self._writing = None  # a load replaces the state being written; the worker waits for the write first
         self._hosted = None  # the weights put so far are another state's
-        if self._session is None:  # a new session can start straight from it
-            self._broken, self._resume = None, str(p)
-            self._start()
+        if self._session is None:  # the next session starts straight from it, when a call first needs the workers
+            self._broken, self._resume, self._version = None, str(p), _saved_step(p)
         else:
             self._adopt(self._call(Load(str(p))))
         self._saved(str(p))

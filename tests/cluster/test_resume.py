@@ -123,6 +123,11 @@ def test_resume_after_kills_inside_and_between_phases(tmp_path, tiny_policy):
     timings = [json.loads(line) for line in (run_dir / "timings.jsonl").read_text().splitlines()]
     assert [t["steps"] for t in timings if t["act"] == "retrain"] == [seen[1]["weight_version"] - seen[1]["checkpoint_version"]]
     assert seen[1]["weight_version"] > seen[1]["checkpoint_version"]
+    # a launch starts a Ray Train run (a folder each) only with steps ahead of it: each killed one had; the last
+    # had none if the third kill came after the last weight phase
+    weight_left = sum(":weight:" in p for p in seen[2]["phases_done"]) < 2
+    assert len(list((run_dir / "trainer" / "ray_train").iterdir())) == 3 + weight_left
+    assert len(list((reference_dir / "trainer" / "ray_train").iterdir())) == 1
     # and both are what the config's budgets and the rollout files make them
     for run in (run_dir, reference_dir):
         check_selection(run, state(run))

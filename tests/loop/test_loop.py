@@ -206,7 +206,7 @@ def test_best_pair_is_the_highest_val_and_its_test_file_is_reported(tmp_path):
         assert row.test_mean8 == mean_reward(rollouts / f"test-v{best[0]:05d}-{best[1]}.parquet")
 
 
-@pytest.mark.parametrize("crash_at", [0.05, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("crash_at", [0.05, 0.3, 0.6, 0.9, 0.97])
 @pytest.mark.parametrize("checkpoint_every", [1, 2])
 def test_relaunch_after_a_crash_ends_where_an_uninterrupted_run_ends(crash_at, checkpoint_every, tmp_path):
     over = {"condition": "whale", "weight__checkpoint_every": checkpoint_every, "weight__prompts_per_step": 1}
@@ -222,7 +222,9 @@ def test_relaunch_after_a_crash_ends_where_an_uninterrupted_run_ends(crash_at, c
     if before.checkpoint:
         trainer.load_checkpoint(cfg.run_dir / before.checkpoint)
     loop, _ = make_loop(cfg, trainer=trainer)
+    trains_again = loop.trains_again()  # whether the Coordinator starts the Trainer's workers for the relaunch
     loop.run()
+    assert trains_again == bool(trainer.examples) and not loop.trains_again()
     after, clean = RunState.load(cfg.run_dir), RunState.load(clean_cfg.run_dir)
     assert comparable(after) == comparable(clean)
     on_record = {f.name for f in after.rollout_files}
@@ -307,6 +309,7 @@ def test_a_crash_beside_a_phases_last_checkpoint_trains_its_steps_again_and_runs
         resumed.load_checkpoint(cfg.run_dir / before.checkpoint)
     assert resumed.version == before.checkpoint_version
     loop, again = make_loop(cfg, trainer=resumed)
+    assert loop.trains_again()  # in the last cycle's harness phase too: the unsaved steps are trained again
     loop.run()
     unsaved = before.weight_version - before.checkpoint_version
     assert resumed.examples[:unsaved] == trainer.examples[-unsaved:]

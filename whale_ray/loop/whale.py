@@ -74,6 +74,18 @@ class WhaleLoop:
         self.progress.set(phase="finished", detail="")
         return self.state.history
 
+    def trains_again(self) -> bool:
+        """Whether the Trainer has steps ahead: a weight phase not finished, or steps on record to train again
+        (a relaunch before the weight phase's last checkpoint was on record). A relaunch without any starts no
+        Ray Train run."""
+        s = self.state
+        if s.finished:
+            return False
+        if s.checkpoint_version < s.weight_version:
+            return True
+        return any(phase.kind == "weight" and not self.phase_finished(c, i)
+                   for c, phases in enumerate(self.plan) if c >= s.cycle for i, phase in enumerate(phases))
+
     # ----------------------------------------------------------------------------- phases
     def phase_finished(self, cycle: int, index: int) -> bool:
         p = self.state.phase
