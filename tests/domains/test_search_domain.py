@@ -35,10 +35,8 @@ from whale_ray.records import EpisodeResult, ModelCall, Task
 
 FOLDER = Path(__file__).resolve().parents[2] / "domains" / "search_qa"
 H0_KNOBS = {
-    "SYSTEM_PROMPT": (
-        "Answer the question. To search, write <search>query</search>; the results come back inside "
-        "<information></information>. Put the answer in <answer></answer>."
-    ),
+    "SYSTEM_PROMPT": ("Answer the question. To search, write <search>query</search>; the results come back inside "
+                      "<information></information>. Put the answer in <answer></answer>."),
     "MAX_TURNS": 2,
     "N_PASSAGES": 1,
     "PASSAGE_TOKENS": 200,
@@ -50,16 +48,10 @@ CORPUS = [  # Search-R1 wiki layout: '"Title"\ntext'
     {"id": "0", "contents": '"Velmora"\nVelmora is a port city in Norvessa, known for its harbour.'},
     {"id": "1", "contents": '"Oren Taltavi"\nOren Taltavi was a painter born in Velmora in 1874.'},
     {"id": "2", "contents": '"Kesto Mills"\nKesto Mills is a textile company founded in 1921 by Oren Taltavi.'},
-    {
-        "id": "3",
-        "contents": '"Photosynthesis"\nPhotosynthesis is how plants turn sunlight, water and carbon dioxide '
-        "into sugar and oxygen.",
-    },
-    {
-        "id": "4",
-        "contents": '"Volcano"\nA volcano is a rupture in the crust of a planet through which lava, ash '
-        "and gases escape.",
-    },
+    {"id": "3", "contents": '"Photosynthesis"\nPhotosynthesis is how plants turn sunlight, water and carbon dioxide '
+                            'into sugar and oxygen.'},
+    {"id": "4", "contents": '"Volcano"\nA volcano is a rupture in the crust of a planet through which lava, ash '
+                            'and gases escape.'},
 ]
 
 
@@ -140,9 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.requests.append((self.path, request))
         if self.path == "/retrieve":
             hits = self.server.backend.search(request["queries"], request["topk"])
-            result = [
-                [{"document": {"id": p.id, "contents": p.contents}, "score": p.score} for p in row] for row in hits
-            ]
+            result = [[{"document": {"id": p.id, "contents": p.contents}, "score": p.score} for p in row] for row in hits]
             return self._reply(200, {"result": result})
         if self.path == "/retrieve-no-scores":
             hits = self.server.backend.search(request["queries"], request["topk"])
@@ -161,24 +151,14 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(500, {"error": {"message": "judge is down", "type": "server_error"}})
             prompt = request["messages"][-1]["content"]
             predicted = prompt.split("Predicted answer:")[1].split("\n")[0].strip()
-            verdict = (
-                "maybe"
-                if request["model"] == "judge-rambles"
-                else ("Yes." if predicted.lower() == "the city of velmora" else "no")
-            )
-            return self._reply(
-                200,
-                {
-                    "id": "chatcmpl-1",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": request["model"],
-                    "choices": [
-                        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": verdict}}
-                    ],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                },
-            )
+            verdict = "maybe" if request["model"] == "judge-rambles" else (
+                "Yes." if predicted.lower() == "the city of velmora" else "no")
+            return self._reply(200, {
+                "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": request["model"],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": verdict}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            })
         return self._reply(500, {"error": "no such path"})
 
 
@@ -222,13 +202,10 @@ def test_domain_object():
 
 
 def test_searchr1_parquet_top_level_golden_answers(tmp_path):
-    path = write_parquet(
-        tmp_path / "test.parquet",
-        [
-            searchr1_row("who wrote hamlet?", ["William Shakespeare", "Shakespeare"], "nq", 0),
-            searchr1_row("capital of france?", ["Paris"], "triviaqa", 1),
-        ],
-    )
+    path = write_parquet(tmp_path / "test.parquet", [
+        searchr1_row("who wrote hamlet?", ["William Shakespeare", "Shakespeare"], "nq", 0),
+        searchr1_row("capital of france?", ["Paris"], "triviaqa", 1),
+    ])
     tasks = data.load_questions(path)
     assert [t.question for t in tasks] == ["who wrote hamlet?", "capital of france?"]
     assert tasks[0].answer == "William Shakespeare"
@@ -239,11 +216,8 @@ def test_searchr1_parquet_top_level_golden_answers(tmp_path):
 
 
 def test_searchr1_parquet_reward_model_target_only(tmp_path):
-    rows = [
-        searchr1_row(
-            "who painted the mona lisa?", ["Leonardo da Vinci"], "popqa", 3, top_level=False, with_question=False
-        )
-    ]
+    rows = [searchr1_row("who painted the mona lisa?", ["Leonardo da Vinci"], "popqa", 3, top_level=False,
+                         with_question=False)]
     rows[0]["id"] = None
     tasks = data.load_questions(write_parquet(tmp_path / "train.parquet", rows))
     # the question comes from the prompt's "Question:" line, the answers from reward_model.ground_truth.target
@@ -253,14 +227,11 @@ def test_searchr1_parquet_reward_model_target_only(tmp_path):
 
 
 def test_jsonl_questions_and_defaults(tmp_path):
-    path = write_lines(
-        tmp_path / "bamboogle.jsonl",
-        [
-            json.dumps({"question": "q one?", "golden_answers": "solo"}),
-            "",
-            json.dumps({"question": "q two?", "golden_answers": [" a ", "a", 7]}),
-        ],
-    )
+    path = write_lines(tmp_path / "bamboogle.jsonl", [
+        json.dumps({"question": "q one?", "golden_answers": "solo"}),
+        "",
+        json.dumps({"question": "q two?", "golden_answers": [" a ", "a", 7]}),
+    ])
     tasks = data.load_questions(path)
     assert [t.meta["group"] for t in tasks] == ["bamboogle", "bamboogle"]  # no data_source: the file's stem
     assert verifier.golden_answers(tasks[0]) == ["solo"]
@@ -286,16 +257,13 @@ def test_missing_file_extension_and_columns(tmp_path):
 
 
 def test_bad_rows_are_skipped_with_file_row_and_count(tmp_path, caplog):
-    path = write_parquet(
-        tmp_path / "mixed.parquet",
-        [
-            searchr1_row("good one?", ["yes"], index=0),
-            searchr1_row("no answers?", [], index=1),
-            searchr1_row("", ["x"], index=2),
-            searchr1_row("good two?", ["no"], index=3),
-            searchr1_row("good one?", ["yes"], index=4),  # a repeat: kept once
-        ],
-    )
+    path = write_parquet(tmp_path / "mixed.parquet", [
+        searchr1_row("good one?", ["yes"], index=0),
+        searchr1_row("no answers?", [], index=1),
+        searchr1_row("", ["x"], index=2),
+        searchr1_row("good two?", ["no"], index=3),
+        searchr1_row("good one?", ["yes"], index=4),  # a repeat: kept once
+    ])
     with caplog.at_level(logging.WARNING, logger="domains.search_qa.data"):
         tasks = data.load_questions(path)
     assert [t.question for t in tasks] == ["good one?", "good two?"]
@@ -304,16 +272,11 @@ def test_bad_rows_are_skipped_with_file_row_and_count(tmp_path, caplog):
     assert "mixed.parquet: row 2: no question; skipped" in text
     assert "mixed.parquet: skipped 2 of 5 rows" in text
 
-    jsonl = write_lines(
-        tmp_path / "lines.jsonl", ["{not json", json.dumps({"question": "q?", "golden_answers": ["a"]})]
-    )
+    jsonl = write_lines(tmp_path / "lines.jsonl", ["{not json", json.dumps({"question": "q?", "golden_answers": ["a"]})])
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="domains.search_qa.data"):
         assert len(data.load_questions(jsonl)) == 1
-    assert (
-        "lines.jsonl: line 1: not valid JSON (Expecting property name enclosed in double quotes); skipped"
-        in caplog.text
-    )
+    assert "lines.jsonl: line 1: not valid JSON (Expecting property name enclosed in double quotes); skipped" in caplog.text
 
     all_bad = write_parquet(tmp_path / "all_bad.parquet", [searchr1_row("q?", [], index=0)])
     with pytest.raises(DataError, match=r"all_bad\.parquet: no usable rows \(1 of 1 skipped\)"):
@@ -321,11 +284,9 @@ def test_bad_rows_are_skipped_with_file_row_and_count(tmp_path, caplog):
 
 
 def test_file_splits_disjoint_stratified_and_sized(tmp_path):
-    train = write_parquet(
-        tmp_path / "train.parquet",
-        [searchr1_row(f"train q{i}?", [f"a{i}"], "nq" if i % 2 else "hotpotqa", i) for i in range(40)]
-        + [searchr1_row("shared q?", ["s"], "nq", 99)],
-    )
+    train = write_parquet(tmp_path / "train.parquet",
+                          [searchr1_row(f"train q{i}?", [f"a{i}"], "nq" if i % 2 else "hotpotqa", i) for i in range(40)]
+                          + [searchr1_row("shared q?", ["s"], "nq", 99)])
     test_rows = [searchr1_row(f"test {b} q{i}?", ["t"], b, i) for b in data.BENCHMARKS for i in range(5)]
     test = write_parquet(tmp_path / "test.parquet", test_rows + [searchr1_row("shared q?", ["s"], "nq", 98)])
     cfg = DataConfig(source="files", train_path=train, test_paths=[test], n_weight=20, n_harness=8, n_val=6, n_test=14)
@@ -336,9 +297,8 @@ def test_file_splits_disjoint_stratified_and_sized(tmp_path):
     assert "shared q?" not in {t.question for t in splits.weight + splits.harness + splits.val}
     assert data.load_splits(cfg, seed=3) == splits
     assert data.load_splits(cfg, seed=4).val != splits.val
-    every = DataConfig(
-        source="files", train_path=train, test_paths=[test], n_test=1000, n_weight=1, n_harness=1, n_val=1
-    )
+    every = DataConfig(source="files", train_path=train, test_paths=[test], n_test=1000, n_weight=1, n_harness=1,
+                       n_val=1)
     assert len(data.load_splits(every, seed=0).test) == 36  # 35 benchmark questions + the shared one
 
 
@@ -391,10 +351,8 @@ def test_corpus_loading_and_bad_lines(tmp_path, caplog):
     loaded = retrieval.load_corpus(path)
     assert loaded == corpus_passages()
     assert loaded[0] == Passage("0", "Velmora", "Velmora is a port city in Norvessa, known for its harbour.")
-    bad = write_lines(
-        tmp_path / "bad.jsonl",
-        [json.dumps(CORPUS[0]), "{oops", json.dumps({"id": "9"}), "[1, 2]", json.dumps({"contents": "no title line"})],
-    )
+    bad = write_lines(tmp_path / "bad.jsonl", [json.dumps(CORPUS[0]), "{oops", json.dumps({"id": "9"}), "[1, 2]",
+                                               json.dumps({"contents": "no title line"})])
     with caplog.at_level(logging.WARNING, logger="domains.search_qa.retrieval"):
         passages = retrieval.load_corpus(bad)
     assert [p.title for p in passages] == ["Velmora", ""] and passages[1].id == "5"
@@ -422,13 +380,10 @@ def test_bm25_finds_each_single_hop_fact_by_its_entity(world, world_bm25):
 
 def test_bm25_with_the_question_as_query(world, world_bm25):
     """The numbers the report quotes: the question text finds single-hop facts, never two-hop ones at top 1."""
-
     def accuracy(hops, k):
         qs = [q for q in world.questions if q.hops == hops]
         found = world_bm25.search([q.text for q in qs], k)
-        return sum(any(verifier.contains_answer(p.text, q.answers) for p in hits) for q, hits in zip(qs, found)) / len(
-            qs
-        )
+        return sum(any(verifier.contains_answer(p.text, q.answers) for p in hits) for q, hits in zip(qs, found)) / len(qs)
 
     assert accuracy(1, 1) >= 0.98
     assert accuracy(2, 1) <= 0.05 < 0.3 <= accuracy(2, 3)
@@ -448,19 +403,16 @@ def test_bm25_never_runs_jax_where_it_is_installed(tmp_path):
     """bm25s runs a JAX op at import when JAX is installed, and real JAX then takes most of a GPU's memory beside
     the PolicyServer's engine. A stand-in `jax` package on the path records being imported and fails if used."""
     (tmp_path / "jax").mkdir()
-    (tmp_path / "jax" / "__init__.py").write_text(
-        "import pathlib, sys\npathlib.Path(sys.argv[1]).write_text('imported')\nfrom . import lax\n"
-    )
+    (tmp_path / "jax" / "__init__.py").write_text("import pathlib, sys\npathlib.Path(sys.argv[1]).write_text('imported')\n"
+                                                  "from . import lax\n")
     (tmp_path / "jax" / "lax.py").write_text("def top_k(*args, **kwargs):\n    raise RuntimeError('jax was used')\n")
     marker = tmp_path / "jax-imported"
-    script = (
-        "import sys\n"
-        "from domains.search_qa.retrieval import BM25Retriever, Passage\n"
-        "hits = BM25Retriever([Passage('1', 'Paris', 'capital of France'), Passage('2', 'Rome', 'in Italy')])"
-        ".search(['capital of France'], 2)\n"
-        "print(hits[0][0].id, 'jax' in sys.modules)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path.cwd())])}
+    script = ("import sys\n"
+              "from domains.search_qa.retrieval import BM25Retriever, Passage\n"
+              "hits = BM25Retriever([Passage('1', 'Paris', 'capital of France'), Passage('2', 'Rome', 'in Italy')])"
+              ".search(['capital of France'], 2)\n"
+              "print(hits[0][0].id, 'jax' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(FOLDER.parents[1])])}
     done = subprocess.run([sys.executable, "-c", script, str(marker)], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["1", "False"] and not marker.exists()
@@ -487,25 +439,20 @@ def test_http_retriever_against_a_loopback_service(server):
     client = HTTPRetriever(f"{base}/retrieve", timeout_s=5)
     hits = client.search(["Oren Taltavi", "Velmora"], 2)
     assert [len(h) for h in hits] == [2, 2]
-    assert (
-        hits[0][0]
-        == Passage("1", "Oren Taltavi", "Oren Taltavi was a painter born in Velmora in 1874.", hits[0][0].score)
-        and hits[0][0].score > 0
-    )
-    assert srv.requests[-1] == ("/retrieve", {"queries": ["Oren Taltavi", "Velmora"], "topk": 2, "return_scores": True})
+    assert hits[0][0] == Passage("1", "Oren Taltavi", "Oren Taltavi was a painter born in Velmora in 1874.",
+                                 hits[0][0].score) and hits[0][0].score > 0
+    assert srv.requests[-1] == ("/retrieve", {"queries": ["Oren Taltavi", "Velmora"], "topk": 2,
+                                              "return_scores": True})
     assert HTTPRetriever(f"{base}/retrieve-no-scores").search(["Velmora"], 1)[0][0].title == "Velmora"
 
 
-@pytest.mark.parametrize(
-    "path, message",
-    [
-        ("/not-json", "the answer is not JSON"),
-        ("/wrong-shape", "needs a 'result' list with one entry per query"),
-        ("/no-contents", "has no 'contents' string"),
-        ("/missing", "HTTP 500"),
-        ("/slow", r"no answer within 0.3 s"),
-    ],
-)
+@pytest.mark.parametrize("path, message", [
+    ("/not-json", "the answer is not JSON"),
+    ("/wrong-shape", "needs a 'result' list with one entry per query"),
+    ("/no-contents", "has no 'contents' string"),
+    ("/missing", "HTTP 500"),
+    ("/slow", r"no answer within 0.3 s"),
+])
 def test_http_retriever_errors_are_retrieval_errors(server, path, message):
     _, base = server
     with pytest.raises(RetrievalError, match=message):
@@ -529,12 +476,8 @@ def test_search_tool_contract():
     lines = search("Velmora", topk=3).split("\n")
     assert len(lines) == 2 and lines[1].startswith("Doc 2(Title: ")
     assert search("zzzz") == retrieval.NO_RESULTS
-    for bad, message in (
-        ({"query": "  "}, "non-empty string"),
-        ({"query": "x", "topk": 0}, "from 1 to 20"),
-        ({"query": "x", "topk": True}, "from 1 to 20"),
-        ({"query": "x" * 1001}, "limit is 1000"),
-    ):
+    for bad, message in (({"query": "  "}, "non-empty string"), ({"query": "x", "topk": 0}, "from 1 to 20"),
+                         ({"query": "x", "topk": True}, "from 1 to 20"), ({"query": "x" * 1001}, "limit is 1000")):
         with pytest.raises(ValueError, match=message):
             search(**bad)
     from whale_ray.sandbox.runner import host_tool_spec
@@ -563,15 +506,8 @@ def test_retriever_actor_on_ray(ray_cluster, tmp_path):
     assert ray_cluster.get(from_file.search.remote(["Kesto Mills"], 1))[0][0].title == "Kesto Mills"
     with pytest.raises(DataError, match=r"nothing\.jsonl: not found"):
         start_retriever(RetrievalConfig(corpus_path=tmp_path / "nothing.jsonl"))
-    files = load_config(
-        None,
-        {
-            "domain": "search_qa",
-            "data.source": "files",
-            "data.train_path": "t.parquet",
-            "data.test_paths": ["t.parquet"],
-        },
-    )
+    files = load_config(None, {"domain": "search_qa", "data.source": "files", "data.train_path": "t.parquet",
+                               "data.test_paths": ["t.parquet"]})
     with pytest.raises(DataError, match="needs retrieval.corpus_path"):
         DOMAIN.start_services(files, splits=None)
     with loopback_server() as (_, base):  # a retriever service error comes back to the tool as RetrievalError
@@ -585,25 +521,22 @@ def test_retriever_actor_on_ray(ray_cluster, tmp_path):
 # --- verifier and judge ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "response, golds, expected",
-    [
-        ("<answer>Velmora</answer>", ["Velmora"], 1.0),
-        ("<answer> the  VELMORA. </answer>", ["Velmora"], 1.0),  # articles, case, punctuation, spaces
-        ("<answer>An apple</answer>", ["apple"], 1.0),
-        ("<answer>Velmora City</answer>", ["Velmora"], 0.0),  # extra words
-        ("<answer>Theodore</answer>", ["Odore"], 0.0),  # "the" is removed only as a word
-        ("<answer>Paris</answer> then <answer>Velmora</answer>", ["Velmora"], 1.0),  # the last one counts
-        ("<answer>Velmora</answer> <answer>Paris</answer>", ["Velmora"], 0.0),
-        ("<answer>\nVelmora\n</answer>", ["Velmora"], 1.0),
-        ("<answer>Shakespeare</answer>", ["William Shakespeare", "Shakespeare"], 1.0),  # any gold answer
-        ("<answer>1,874</answer>", ["1874"], 1.0),  # punctuation goes, also inside numbers
-        ("<answer></answer>", ["Velmora"], 0.0),
-        ("The answer is Velmora.", ["Velmora"], 0.0),
-        ("<answer>Velmora", ["Velmora"], 0.0),  # never closed
-        (None, ["Velmora"], 0.0),
-    ],
-)
+@pytest.mark.parametrize("response, golds, expected", [
+    ("<answer>Velmora</answer>", ["Velmora"], 1.0),
+    ("<answer> the  VELMORA. </answer>", ["Velmora"], 1.0),  # articles, case, punctuation, spaces
+    ("<answer>An apple</answer>", ["apple"], 1.0),
+    ("<answer>Velmora City</answer>", ["Velmora"], 0.0),  # extra words
+    ("<answer>Theodore</answer>", ["Odore"], 0.0),  # "the" is removed only as a word
+    ("<answer>Paris</answer> then <answer>Velmora</answer>", ["Velmora"], 1.0),  # the last one counts
+    ("<answer>Velmora</answer> <answer>Paris</answer>", ["Velmora"], 0.0),
+    ("<answer>\nVelmora\n</answer>", ["Velmora"], 1.0),
+    ("<answer>Shakespeare</answer>", ["William Shakespeare", "Shakespeare"], 1.0),  # any gold answer
+    ("<answer>1,874</answer>", ["1874"], 1.0),  # punctuation goes, also inside numbers
+    ("<answer></answer>", ["Velmora"], 0.0),
+    ("The answer is Velmora.", ["Velmora"], 0.0),
+    ("<answer>Velmora", ["Velmora"], 0.0),  # never closed
+    (None, ["Velmora"], 0.0),
+])
 def test_exact_match(response, golds, expected):
     task = Task(id="t", question="q", answer=golds[0], meta={"_golden_answers": golds})
     assert verifier.verify(task, response) == expected
@@ -619,14 +552,8 @@ def test_normalisation_and_containment():
 def test_judge_over_loopback_with_the_openai_client(server, monkeypatch, caplog):
     srv, base = server
     monkeypatch.setenv("WHALE_TEST_JUDGE_KEY", "sk-test")
-    judge = JudgeConfig(
-        enabled=True,
-        model="judge-1",
-        base_url=f"{base}/v1",
-        api_key_env="WHALE_TEST_JUDGE_KEY",
-        timeout_s=5,
-        max_retries=0,
-    )
+    judge = JudgeConfig(enabled=True, model="judge-1", base_url=f"{base}/v1", api_key_env="WHALE_TEST_JUDGE_KEY",
+                        timeout_s=5, max_retries=0)
     cfg = load_config(None, {"domain": "search_qa"})
     cfg.domain_config.judge = judge
     verify = DOMAIN.make_verifier(cfg)
@@ -675,15 +602,8 @@ def test_h0_contract_and_knobs():
     assert list(inspect.signature(h0["run"]).parameters) == ["task", "agent"]
     knobs = {k: v for k, v in h0.items() if k.isupper()}
     assert knobs == H0_KNOBS and all(type(knobs[k]) is type(v) for k, v in H0_KNOBS.items())
-    for name in (
-        "build_messages",
-        "find_search_query",
-        "format_observation",
-        "extract_answer",
-        "call_search",
-        "run_episode",
-        "run",
-    ):
+    for name in ("build_messages", "find_search_query", "format_observation", "extract_answer", "call_search",
+                 "run_episode", "run"):
         assert callable(h0[name])
 
 
@@ -697,17 +617,13 @@ def test_h0_shares_the_warmstart_formats(world):
     person = world.passages[generator.N_CITIES]
     assert h0["format_observation"](tool(person.title)) == generator.information([person])
     assert h0["build_messages"]({"id": "t", "question": "Q?", "group": "g"}) == [
-        {"role": "system", "content": generator.H0_SYSTEM_PROMPT},
-        {"role": "user", "content": "Q?"},
-    ]
+        {"role": "system", "content": generator.H0_SYSTEM_PROMPT}, {"role": "user", "content": "Q?"}]
 
 
 def test_h0_truncates_passages_to_words():
     h0 = load_h0((FOLDER / "h0.py").read_text().replace("PASSAGE_TOKENS = 200", "PASSAGE_TOKENS = 4"))
-    assert (
-        h0["format_observation"]("Doc 1(Title: A) one two three four\nDoc 2(Title: B) x")
-        == "<information>Doc 1(Title: A) one</information>"
-    )
+    assert h0["format_observation"]("Doc 1(Title: A) one two three four\nDoc 2(Title: B) x") == \
+        "<information>Doc 1(Title: A) one</information>"
 
 
 def test_h0_two_turns_search_then_answer():
@@ -716,10 +632,8 @@ def test_h0_two_turns_search_then_answer():
     ep = episode(scripted("<search>Oren Taltavi</search>", "<answer>Velmora</answer>"), search)
     assert h0["run"]({"id": "t", "question": "Where was Oren Taltavi born?"}, ep.agent) == "<answer>Velmora</answer>"
     assert ep.prompts[1][-1] == {
-        "role": "user",
-        "content": "<information>Doc 1(Title: Oren Taltavi) Oren Taltavi was a painter born in "
-        "Velmora in 1874.</information>",
-    }
+        "role": "user", "content": "<information>Doc 1(Title: Oren Taltavi) Oren Taltavi was a painter born in "
+                                   "Velmora in 1874.</information>"}
     assert ep.sampling[0] == {"max_tokens": 64, "temperature": 1.0, "top_k": 20, "top_p": 1.0, "stop": []}
     assert [e["type"] for e in ep.events] == ["tool_call"]
 
@@ -732,10 +646,7 @@ def test_h0_turn_budget_exhausted_and_tool_errors():
     assert ep.events[-1] == {"type": "turn_budget_exhausted", "max_turns": 2} and len(ep.prompts) == 2
     ep = episode(scripted("<search></search>", "The answer is 1874."), search)
     assert h0["run"]({"id": "t", "question": "Q?"}, ep.agent) == "The answer is 1874."
-    assert (
-        ep.prompts[1][-1]["content"]
-        == "<information>Error: tool 'search' raised ValueError: search: query must be a non-empty string</information>"
-    )
+    assert ep.prompts[1][-1]["content"] == "<information>Error: tool 'search' raised ValueError: search: query must be a non-empty string</information>"
 
 
 @pytest.mark.usefixtures("bwrap")
@@ -744,49 +655,26 @@ def test_h0_in_the_real_sandbox():
     from whale_ray.sandbox import SandboxLimits, run_episode
 
     host_tools = DOMAIN.host_tools({"retriever": BM25Retriever(corpus_passages())})
-    task = Task(
-        id="t1",
-        question="Where was Oren Taltavi born?",
-        answer="Velmora",
-        meta={"group": "generated-1hop", "_golden_answers": ["Velmora"]},
-    )
+    task = Task(id="t1", question="Where was Oren Taltavi born?", answer="Velmora",
+                meta={"group": "generated-1hop", "_golden_answers": ["Velmora"]})
 
     def generate(messages, sampling):
         seen = messages[-1]["content"]
         match = re.search(r"born in (\w+)", seen)
         text = f"<answer>{match.group(1)}</answer>" if match else "<search>Oren Taltavi</search>"
-        return ModelCall(
-            messages=messages,
-            text=text,
-            prompt_ids=[1],
-            completion_ids=[2],
-            logprobs=[-0.1],
-            weight_version=0,
-            finish_reason="stop",
-        )
+        return ModelCall(messages=messages, text=text, prompt_ids=[1], completion_ids=[2], logprobs=[-0.1],
+                         weight_version=0, finish_reason="stop")
 
     def run(harness_source):
-        return run_episode(
-            harness_source,
-            task.public(),
-            generate=generate,
-            tools_path=DOMAIN.sandbox_tools_path,
-            host_tools=host_tools,
-            limits=SandboxLimits(wall_s=20),
-            seed=0,
-        )
+        return run_episode(harness_source, task.public(), generate=generate, tools_path=DOMAIN.sandbox_tools_path,
+                           host_tools=host_tools, limits=SandboxLimits(wall_s=20), seed=0)
 
     source = DOMAIN.h0_path.read_text()
     ep = run(source)
     assert (ep.status, ep.answer, ep.turns) == ("ok", "<answer>Velmora</answer>", 2), ep.reason
     assert DOMAIN.verify(task, ep.answer) == 1.0
-    assert ep.tool_calls == [
-        {
-            "name": "search",
-            "args": {"query": "Oren Taltavi", "topk": 1},
-            "output": "Doc 1(Title: Oren Taltavi) Oren Taltavi was a painter born in Velmora in 1874.",
-        }
-    ]
+    assert ep.tool_calls == [{"name": "search", "args": {"query": "Oren Taltavi", "topk": 1},
+                              "output": "Doc 1(Title: Oren Taltavi) Oren Taltavi was a painter born in Velmora in 1874."}]
     assert DOMAIN.episode_metrics(task, ep) == {"retrieval_hit": 1.0}
 
     # asking for more passages than the tool allows: the harness sees a ToolError, the episode goes on
@@ -888,9 +776,8 @@ def test_simulated_chats_are_what_h0_produces(world, world_bm25):
     tool = retrieval.search_tool(world_bm25)
     h0 = load_h0()
     for i, q in enumerate(world.questions[:60]):
-        chat = generator.simulate(
-            world, search, q.text, generator.H0_SYSTEM_PROMPT, random.Random(i), topk=1, max_turns=2
-        )
+        chat = generator.simulate(world, search, q.text, generator.H0_SYSTEM_PROMPT, random.Random(i), topk=1,
+                                  max_turns=2)
         rng = random.Random(i)
         ep = episode(lambda messages: generator.teacher_turn(world, messages, rng), tool)
         h0["run"]({"id": "t", "question": q.text}, ep.agent)
@@ -926,9 +813,8 @@ def test_skill_variants_work_in_h0():
 
     finish, empty_query = variants["run_episode"]
     h = load_h0(base + "\n" + finish)
-    ep = episode(
-        scripted("<search>Kesto Mills</search>", "<search>Oren Taltavi</search>", "<answer>Velmora</answer>"), search
-    )
+    ep = episode(scripted("<search>Kesto Mills</search>", "<search>Oren Taltavi</search>",
+                               "<answer>Velmora</answer>"), search)
     assert h["run"](task, ep.agent) == "<answer>Velmora</answer>" and len(ep.prompts) == 3
     ep = episode(scripted(*["<search>Velmora</search>"] * 3), search)
     assert h["run"](task, ep.agent) is None and ep.events[-1]["type"] == "turn_budget_exhausted"
@@ -949,7 +835,4 @@ def test_skill_variants_work_in_h0():
 
     h = load_h0(base + "\n" + variants["format_observation"][0])
     assert h["format_observation"]("Error: search: down") == "<information></information>"
-    assert (
-        h["format_observation"]("Doc 1(Title: A) a\nDoc 2(Title: B) b")
-        == "<information>Doc 1(Title: A) a</information>"
-    )
+    assert h["format_observation"]("Doc 1(Title: A) a\nDoc 2(Title: B) b") == "<information>Doc 1(Title: A) a</information>"
