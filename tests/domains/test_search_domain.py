@@ -403,8 +403,8 @@ def test_bm25_never_runs_jax_where_it_is_installed(tmp_path):
     """bm25s runs a JAX op at import when JAX is installed, and real JAX then takes most of a GPU's memory beside
     the PolicyServer's engine. A stand-in `jax` package on the path records being imported and fails if used."""
     (tmp_path / "jax").mkdir()
-    (tmp_path / "jax" / "__init__.py").write_text("import pathlib, sys\npathlib.Path(sys.argv[1]).write_text('imported')\n"
-                                                  "from . import lax\n")
+    (tmp_path / "jax" / "__init__.py").write_text(
+        "import pathlib, sys\npathlib.Path(sys.argv[1]).write_text('imported')\nfrom . import lax\n")
     (tmp_path / "jax" / "lax.py").write_text("def top_k(*args, **kwargs):\n    raise RuntimeError('jax was used')\n")
     marker = tmp_path / "jax-imported"
     script = ("import sys\n"

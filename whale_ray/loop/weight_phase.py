@@ -9,10 +9,10 @@
 Inside the phase a step's work goes on record only with a checkpoint, so a relaunch restarts from the last
 checkpoint and redoes the steps after it with the same prompts and seeds: no optimizer step is lost or taken
 twice. The Trainer writes a step's checkpoint while the next step's rollouts run, and the commit waits for the
-write (before that step's own work is recorded or trained on). The phase's last checkpoint is written beside what follows (the
-harness phase): the record goes on at weight_version with `checkpoint_pending` naming it, and it is put on record
-before the cycle's selection (`settle_checkpoint`). A relaunch in between starts from the checkpoint before it and
-trains the steps after that again on their recorded examples (`retrain_unsaved_steps`): no rollout runs twice.
+write (before that step's own work is recorded or trained on). The phase's last checkpoint is written beside what
+follows (the harness phase): the record goes on at weight_version with `checkpoint_pending` naming it, and it is put
+on record before the cycle's selection (`settle_checkpoint`). A relaunch in between starts from the checkpoint before
+it and trains the steps after that again on their recorded examples (`retrain_unsaved_steps`): no rollout runs twice.
 
 With `weight.max_staleness: 1` the next step's rollouts run while the Trainer takes this one, on the weights the
 servers hold (the engine does not sleep then), so a step trains on samples one version old; each trained call's

@@ -81,7 +81,7 @@ class WhaleLoop:
         s = self.state
         if s.finished:
             return False
-        if s.checkpoint_version < s.weight_version:
+        if s.checkpoint_pending is not None:  # retrain_unsaved_steps' own test
             return True
         return any(phase.kind == "weight" and not self.phase_finished(c, i)
                    for c, phases in enumerate(self.plan) if c >= s.cycle for i, phase in enumerate(phases))
