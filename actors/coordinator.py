@@ -41,12 +41,13 @@ from whale_ray.domain import get_domain
 from whale_ray.events import EventLog
 from whale_ray.launch import InputError
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
+from whale_ray.loop.whale import trains_again
 from whale_ray.policy.weight_broadcast import WeightBroadcastError
 from whale_ray.proposers.registry import proposer_options
 from whale_ray.resources import Placement, RoleResources, check_cluster, trainer_bundle
 from whale_ray.rsft_defaults import resolve_run_config
 from whale_ray.run_state import CycleRow
-from whale_ray.schedules import has_phase
+from whale_ray.schedules import has_phase, plan
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +112,19 @@ class Coordinator:
         # The Trainer and the PolicyServer start at the latest checkpoint on record (the loop trains on from there
         # to the record's weight version if the last one was still being written: weight_phase.retrain_unsaved_steps).
         checkpoint = str(run.root / state.checkpoint) if state.checkpoint else None
-        self.trainer = None
+        self.trainer, trainer_ready, loaded, self._trainer_start = None, None, None, None
         if self.trains:
             self.trainer = Trainer.options(**place.options("trainer", RoleResources()), **restarts).remote(
                 self.base_model, cfg.weight, str(run.root / "trainer"), seed=cfg.seed,
                 resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu), events_dir=str(run.root),
                 empty_cache_after_step=p.engine == "vllm" and p.sleep_level > 0)
+            # Its Ray Train run (a chain of process starts: seconds) starts now, beside the other actors' starts and
+            # the first evaluation. The actor runs one call at a time: its readiness is asked for first, so that a
+            # constructor's error does not wait behind that start; a checkpoint is only recorded before it.
+            trainer_ready = self.trainer.__ray_ready__.options(max_task_retries=0).remote()
+            loaded = self.trainer.load_checkpoint.remote(checkpoint) if checkpoint else None
+            if trains_again(plan(cfg), state):
+                self._trainer_start = self.trainer.start_workers.options(max_task_retries=0).remote()
         self.policies = start_policy_servers(cfg, checkpoint or self.base_model, place,
                                              version=state.checkpoint_version, events_dir=str(run.root), **restarts)
         self.sync = make_weight_sync(cfg, self.trainer, self.policies, state.checkpoint_version, self.events)
@@ -134,32 +142,31 @@ class Coordinator:
         roles = Roles(pool=self.pool, proposer=_Remote(self.proposer),
                       trainer=_Remote(self.trainer) if self.trains else None, weights=self.sync if self.trains else None)
         # each actor to wait for, named, with what it was started on (a start failure's line names it)
-        starting = [("Trainer", self.trainer, self.base_model)] if self.trainer is not None else []
-        starting += [("PolicyServer", h, checkpoint or self.base_model) for h in self.policies]
-        starting += [("HarnessProposer", self.proposer, None), *((n, h, None) for n, h in self.services.items())]
-        self._starting = (starting, run, roles, checkpoint)
+        starting = [("Trainer", self.trainer, self.base_model, trainer_ready)] if self.trainer is not None else []
+        starting += [("PolicyServer", h, checkpoint or self.base_model, None) for h in self.policies]
+        starting += [("HarnessProposer", self.proposer, None, None),
+                     *((n, h, None, None) for n, h in self.services.items())]
+        self._starting = (starting, run, roles, loaded)
 
     def _await_start(self) -> None:
         """Waits for the actors `_start` made to be constructed, so that a constructor's error surfaces here, named
         (StartFailure), not in whichever call first reaches the dead actor; then the Trainer takes the weights on
         record and the loop is made (a run directory that holds no run yet gets its config.yaml now)."""
-        starting, run, roles, checkpoint = self._starting
-        for role, handle, given in starting:
+        starting, run, roles, loaded = self._starting
+        for role, handle, given, ready in starting:
             if not isinstance(handle, ray.actor.ActorHandle):
                 continue
             try:  # no retries: a constructor's error is final, and a retry would print it once more
-                ray.get(handle.__ray_ready__.options(max_task_retries=0).remote())
+                ray.get(ready or handle.__ray_ready__.options(max_task_retries=0).remote())
             except RayActorError as e:
                 failure = start_failure(role, e, given)
                 if failure is None:
                     raise
                 raise failure from None
         self._last_start_failure = None
-        if self.trainer is not None and checkpoint:
-            ray.get(self.trainer.load_checkpoint.remote(checkpoint))
+        if loaded is not None:
+            ray.get(loaded)
         self.loop = WhaleLoop(self.cfg, roles, run, self.domain, self.splits)
-        if self.trainer is not None and self.loop.trains_again():
-            self.trainer.start_workers.remote()  # not awaited: the Ray Train run starts beside the first evaluation
 
     def run(self, on_cycle: Callable[[CycleRow], None] | None = None) -> list[CycleRow]:
         """Runs (or resumes) the schedule, riding out lost actors (see the module docstring); however it ends,
@@ -222,8 +229,13 @@ class Coordinator:
 
     def shutdown(self) -> None:
         """Ends the run's actors. The Trainer first ends its Ray Train run, whose workers' placement group a
-        plain kill of the Trainer would leave reserved. Idempotent."""
-        if self.trainer is not None:
+        plain kill of the Trainer would leave reserved, unless that run is still starting (a run that ends at its
+        start): then it is killed at once, and the next Trainer's start frees the group, as for a lost Trainer.
+        Idempotent."""
+        starting = self._trainer_start is not None and not ray.wait([self._trainer_start], timeout=0)[0]
+        if starting:
+            log.warning("Trainer shutdown: its Ray Train run is still starting; the Trainer is killed")
+        elif self.trainer is not None:
             try:
                 ray.get(self.trainer.shutdown.remote(), timeout=120)
             except (ray.exceptions.RayError, TimeoutError) as e:  # already dead, or stuck: killed below
@@ -231,6 +243,11 @@ class Coordinator:
         for actor in [*self.policies, self.proposer, self.trainer, *self.pool.actors, *self.services.values()]:
             if isinstance(actor, ray.actor.ActorHandle):
                 ray.kill(actor, no_restart=True)
+        if starting:  # its reply, the killed actor's error, taken here: Ray prints a reply no one took
+            try:
+                ray.get(self._trainer_start, timeout=30)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass
         self.sync.close()
 
 

@@ -437,8 +437,9 @@ class Trainer:
 
     def start_workers(self) -> float:
         """Starts the Ray Train run now, if none is up, rather than in the first step that needs it; the seconds it
-        took (0: one was up). A Coordinator calls it without waiting, so the start overlaps the run's first
-        evaluation; a start that fails is raised again by the next call that needs the workers."""
+        took (0: one was up). A Coordinator calls it without waiting as it makes the Trainer, so the start overlaps the
+        other actors' starts and the run's first evaluation; a start that fails is raised again by the next call that
+        needs the workers."""
         if self._session is not None:
             return 0.0
         t0 = time.perf_counter()

@@ -283,11 +283,12 @@ def phase_rates(result: dict) -> dict[str, tuple[int, float, float]]:
     return out
 
 
-def sandbox_alone(episodes_per_core: int) -> float:
-    """Episodes/s of the sandbox pool alone: one process of one slot per core, a harness that returns at once."""
+def sandbox_alone(episodes_per_core: int) -> tuple[float, float]:
+    """Episodes/s of the sandbox pool alone (one process of one slot per core, a harness that returns at once) and,
+    beside it, of one slot alone: linear scaling is the cores times the latter."""
     from benchmarks.sandbox_overhead import across_processes
 
-    return across_processes(os.cpu_count() or 1, 1, episodes_per_core)
+    return across_processes(os.cpu_count() or 1, 1, episodes_per_core), across_processes(1, 1, episodes_per_core)
 
 
 def weight_calls(run_dir: Path) -> tuple[list[tuple[list[dict], int]], int]:
@@ -341,7 +342,8 @@ def limits(results: list[dict], cfg: dict, args: argparse.Namespace) -> dict:
     out = subprocess.run([sys.executable, __file__, "--engine-alone", first["run_dir"], "--engine-of", first["engine"],
                           "--in-flight", str(in_flight)], capture_output=True, text=True, cwd=ROOT)
     engine = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-2000:]}
-    return {"sandbox": sandbox_alone(args.limit_episodes), "engine": engine, "in_flight": in_flight}
+    pool, one_slot = sandbox_alone(args.limit_episodes)
+    return {"sandbox": pool, "sandbox_one_slot": one_slot, "engine": engine, "in_flight": in_flight}
 
 
 def report(results: list[dict], ceilings: dict | None) -> None:
@@ -377,7 +379,9 @@ def report(results: list[dict], ceilings: dict | None) -> None:
     if ceilings is None:
         return
     engine = ceilings["engine"]
-    print(f"\nlimits: the sandbox pool alone {ceilings['sandbox']:.1f} episodes/s ({os.cpu_count()} processes x 1 slot); "
+    cores, one = os.cpu_count() or 1, ceilings["sandbox_one_slot"]
+    print(f"\nlimits: the sandbox pool alone {ceilings['sandbox']:.1f} episodes/s ({cores} processes x 1 slot; one "
+          f"slot alone {one:.1f}, so {ceilings['sandbox'] / (cores * one):.2f} of linear scaling); "
           + (f"the engine alone {engine['episodes_per_s']:.1f} episodes/s ({engine['calls']} calls, {engine['tokens']} "
              f"completion tokens in {engine['s']:.1f} s, {ceilings['in_flight']} in flight)" if "s" in engine
              else f"the engine alone failed: {engine['error']}"))

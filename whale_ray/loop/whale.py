@@ -23,7 +23,7 @@ from whale_ray.loop.harness_phase import HarnessSearch
 from whale_ray.loop.report import Report
 from whale_ray.loop.run_dir import RunDirectory
 from whale_ray.loop.weight_phase import retrain_unsaved_steps, settle_checkpoint, weight_phase
-from whale_ray.run_state import CycleRow, PhaseProgress
+from whale_ray.run_state import CycleRow, PhaseProgress, RunState
 from whale_ray.schedules import Phase, plan
 
 
@@ -75,21 +75,11 @@ class WhaleLoop:
         return self.state.history
 
     def trains_again(self) -> bool:
-        """Whether the Trainer has steps ahead: a weight phase not finished, or steps on record to train again
-        (a relaunch before the weight phase's last checkpoint was on record). A relaunch without any starts no
-        Ray Train run."""
-        s = self.state
-        if s.finished:
-            return False
-        if s.checkpoint_pending is not None:  # retrain_unsaved_steps' own test
-            return True
-        return any(phase.kind == "weight" and not self.phase_finished(c, i)
-                   for c, phases in enumerate(self.plan) if c >= s.cycle for i, phase in enumerate(phases))
+        return trains_again(self.plan, self.state)
 
     # ----------------------------------------------------------------------------- phases
     def phase_finished(self, cycle: int, index: int) -> bool:
-        p = self.state.phase
-        return p is not None and p.cycle == cycle and (p.index > index or (p.index == index and p.done))
+        return phase_finished(self.state, cycle, index)
 
     def enter_phase(self, cycle: int, index: int, phase: Phase) -> PhaseProgress:
         state = self.state
@@ -107,3 +97,19 @@ class WhaleLoop:
         self.state.phase_wall_s[prog.kind] = self.state.phase_wall_s.get(prog.kind, 0.0) + prog.wall_s
         self.ctx.run.commit()
 
+
+def phase_finished(state: RunState, cycle: int, index: int) -> bool:
+    p = state.phase
+    return p is not None and p.cycle == cycle and (p.index > index or (p.index == index and p.done))
+
+
+def trains_again(schedule: list[list[Phase]], state: RunState) -> bool:
+    """Whether a launch at `state` has Trainer steps ahead: a weight phase not finished, or steps on record to train
+    again (a relaunch before the weight phase's last checkpoint was on record). A launch without any starts no Ray
+    Train run; the Coordinator asks before it makes the loop, so that the run starts beside the other actors'."""
+    if state.finished:
+        return False
+    if state.checkpoint_pending is not None:  # retrain_unsaved_steps' own test
+        return True
+    return any(phase.kind == "weight" and not phase_finished(state, c, i)
+               for c, phases in enumerate(schedule) if c >= state.cycle for i, phase in enumerate(phases))
