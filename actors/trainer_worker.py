@@ -205,8 +205,6 @@ def train_loop_per_worker(config: dict) -> None:
                               world_size=world, wrap_model=wrap, **config["learner"])
         if config.get("resume"):
             learner.load(config["resume"])
-        if learner.device.type == "cuda":  # at the start, which overlaps the run's other starts, not in the first step
-            learner.warm_up()
         worker = Worker(config, rank, learner)
         outbox.put(Reply(rank, seq, step=learner.step, weights=worker.weights()))
         while True:

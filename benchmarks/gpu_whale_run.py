@@ -100,12 +100,14 @@ PHASES = ("weight", "harness", "eval")
 # kept: the workers kept up (the default) with the study's pool of 2 evaluators; released: the default before it;
 # phase-checkpoint: kept, and the Trainer's full state saved only at each weight phase's end
 # (weight.checkpoint_every), to show what a cycle's fixed cost is without the per-step checkpoints a relaunch
-# resumes from; cores: kept, with the default pool (sandbox.evaluators: cores, sized to the host's CPUs); stale and
+# resumes from; cores: kept, with the default pool (sandbox.evaluators: cores, sized to the host's CPUs), and
+# cores-wide the same with 64 slots an evaluator (256 episodes in flight on 16 cores); stale and
 # phase-checkpoint-stale: kept and phase-checkpoint with weight.max_staleness 1 (the next step's rollouts beside the
 # Trainer's step)
 SETTINGS = {"kept": {"weight": {"release_workers": False}}, "released": {"weight": {"release_workers": True}},
             "phase-checkpoint": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000}},
             "cores": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores"}},
+            "cores-wide": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores", "slots": 64}},
             "stale": {"weight": {"release_workers": False, "max_staleness": 1}},
             "phase-checkpoint-stale": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000,
                                                   "max_staleness": 1}}}

@@ -214,19 +214,6 @@ class RSFTLearner:
             dist.all_reduce(x, op=dist.ReduceOp.SUM)
         return x
 
-    def warm_up(self) -> None:
-        """One forward and backward pass of a short row, thrown away: on a GPU the first step otherwise pays for the
-        kernels' first loads and the allocator's first blocks, where nothing overlaps it. The weights, the optimizer
-        and the RNG are as they were (every rank runs it, so a DDP wrapper's all-reduce meets)."""
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            ids = torch.full((1, 8), self.pad_id, dtype=torch.long, device=self.device)
-            with self._autocast():
-                loss = self.train_model(input_ids=ids).logits.float().mean()
-            loss.backward()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def train_step(self, examples: list[SFTExample]) -> dict[str, Any]:
         """Train on one step's accepted examples; every rank passes the same full list.
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -123,25 +122,6 @@ def test_save_load_resumes_exactly(tiny_model, tmp_path):
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     oa, ob = a.optimizer.state_dict()["state"], b.optimizer.state_dict()["state"]
     assert all(torch.equal(oa[i]["exp_avg_sq"], ob[i]["exp_avg_sq"]) for i in oa)
-
-
-def test_warm_up_leaves_the_next_step_as_it_would_have_been(tiny_model, tmp_path):
-    """The warm-up pass a GPU worker runs at its start changes nothing a step sees: weights, gradients, optimizer
-    state, and the RNG (dropout is on here, so a pass that drew from it would change the step's masks)."""
-    path = tmp_path / "dropout"
-    shutil.copytree(tiny_model, path)
-    cfg = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**cfg, "attention_dropout": 0.5}))
-    cold = learner(path)  # each learner seeds the RNG as it is made
-    m_cold, s_cold = cold.train_step(EXAMPLES), cold.state_dict()
-    warm = learner(path)
-    before = {k: v.clone() for k, v in warm.state_dict().items()}
-    warm.warm_up()
-    after = warm.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before)
-    assert all(p.grad is None for p in warm.model.parameters()) and not warm.optimizer.state
-    assert warm.train_step(EXAMPLES) == m_cold
-    assert all(torch.equal(s_cold[k], v) for k, v in warm.state_dict().items())
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (every write to it fails: no space)")
