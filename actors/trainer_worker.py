@@ -24,6 +24,7 @@ asked).
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -155,15 +156,21 @@ class Worker:
             self.finish_write()
         match command:
             case Train(examples):
+                t0 = time.perf_counter()
                 try:
                     metrics = learner.train_step(ray.get(examples))
                 except InvalidExamples as e:  # every rank checks the same full list before any change
                     return {"invalid": str(e)}
+                t1 = time.perf_counter()
                 weights = self.weights() if metrics["trained"] else None
+                t2 = time.perf_counter()
                 if self.empty_cache and learner.device.type == "cuda":
                     # a sleeping vLLM on this GPU wakes into the memory the step used: hand it back to the driver
                     torch.cuda.empty_cache()
-                return {"metrics": metrics, "weights": weights, "step": learner.step}
+                # where a step's time goes on the worker, beside the Trainer's wall_s (the queues and the actor)
+                timing = {"worker_step_s": t1 - t0, "worker_share_s": t2 - t1,
+                          "worker_free_s": time.perf_counter() - t2}
+                return {"metrics": {**metrics, **timing}, "weights": weights, "step": learner.step}
             case Host():
                 return {"weights": self.host()}
             case Broadcast(spec):

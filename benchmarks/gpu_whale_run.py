@@ -41,7 +41,7 @@ teardown, each cycle's fixed cost), and the GPU's and the cores' busy shares, sa
 run and matched to the acts' spans by their start times. --settings runs each engine under several settings in
 turn: `kept` (the Trainer's workers stay up across cycles, the default), `released` (ended after every weight
 phase, the default before), `phase-checkpoint` (kept, the full state saved at each weight phase's end only), `cores`
-(kept, the pool sized to the host's cores) and `stale`, `phase-checkpoint-stale` (with weight.max_staleness 1). --limits adds, in the same invocation, the two ceilings a phase's rollouts/s is held
+(kept, the pool sized to the host's cores), `cores-wide`, `processes`, `processes-wide` (wider pools) and `stale`, `phase-checkpoint-stale` (with weight.max_staleness 1). --limits adds, in the same invocation, the two ceilings a phase's rollouts/s is held
 to: the sandbox pool alone (a harness that returns at once, one slot per core, benchmarks/sandbox_overhead.py)
 and the engine alone (the first run's weight-phase model calls replayed straight into a PolicyService, as many in
 flight as the run had, each capped at the tokens it generated there); each phase's episodes/s is printed as a
@@ -101,13 +101,16 @@ PHASES = ("weight", "harness", "eval")
 # phase-checkpoint: kept, and the Trainer's full state saved only at each weight phase's end
 # (weight.checkpoint_every), to show what a cycle's fixed cost is without the per-step checkpoints a relaunch
 # resumes from; cores: kept, with the default pool (sandbox.evaluators: cores, sized to the host's CPUs), and
-# cores-wide the same with 64 slots an evaluator (256 episodes in flight on 16 cores); stale and
+# cores-wide the same with 64 slots an evaluator (256 episodes in flight on 16 cores); processes and processes-wide:
+# 16 evaluator processes of 8 and 16 slots (128 and 256 in flight: the host side spread over processes); stale and
 # phase-checkpoint-stale: kept and phase-checkpoint with weight.max_staleness 1 (the next step's rollouts beside the
 # Trainer's step)
 SETTINGS = {"kept": {"weight": {"release_workers": False}}, "released": {"weight": {"release_workers": True}},
             "phase-checkpoint": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000}},
             "cores": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores"}},
             "cores-wide": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores", "slots": 64}},
+            "processes": {"weight": {"release_workers": False}, "sandbox": {"evaluators": 16, "slots": 8}},
+            "processes-wide": {"weight": {"release_workers": False}, "sandbox": {"evaluators": 16, "slots": 16}},
             "stale": {"weight": {"release_workers": False, "max_staleness": 1}},
             "phase-checkpoint-stale": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000,
                                                   "max_staleness": 1}}}
@@ -320,7 +323,7 @@ def engine_alone(run_dir: Path, engine: str, in_flight: int) -> dict:
     service = PolicyService(base_model(load_recorded_config(run_dir / "config.yaml")), engine=engine,
                             max_batch=p.max_batch, device=p.device, dtype=p.dtype, **p.engine_options())
 
-    async def replay(batch: list[tuple[list[dict], int]]) -> float:
+    async def replay(batch: list[tuple[list[dict], int]], in_flight: int) -> float:
         gate = asyncio.Semaphore(in_flight)
 
         async def one(i: int, messages: list[dict], tokens: int) -> None:
@@ -331,10 +334,11 @@ def engine_alone(run_dir: Path, engine: str, in_flight: int) -> dict:
         await asyncio.gather(*(one(i, m, n) for i, (m, n) in enumerate(batch)))
         return time.perf_counter() - t0
 
-    asyncio.run(replay(calls[:in_flight]))  # warm-up: compiled kernels, CUDA graphs
-    wall = asyncio.run(replay(calls))
+    asyncio.run(replay(calls[:in_flight], in_flight))  # warm-up: compiled kernels, CUDA graphs
+    wall = asyncio.run(replay(calls, in_flight))
+    full = asyncio.run(replay(calls, p.max_batch))  # the engine's own ceiling: as many in flight as it batches
     return {"calls": len(calls), "episodes": episodes, "s": wall, "episodes_per_s": episodes / wall,
-            "tokens": sum(n for _, n in calls)}
+            "tokens": sum(n for _, n in calls), "full_batch": p.max_batch, "full_batch_episodes_per_s": episodes / full}
 
 
 def limits(results: list[dict], cfg: dict, args: argparse.Namespace) -> dict:
@@ -385,7 +389,8 @@ def report(results: list[dict], ceilings: dict | None) -> None:
     print(f"\nlimits: the sandbox pool alone {ceilings['sandbox']:.1f} episodes/s ({cores} processes x 1 slot; one "
           f"slot alone {one:.1f}, so {ceilings['sandbox'] / (cores * one):.2f} of linear scaling); "
           + (f"the engine alone {engine['episodes_per_s']:.1f} episodes/s ({engine['calls']} calls, {engine['tokens']} "
-             f"completion tokens in {engine['s']:.1f} s, {ceilings['in_flight']} in flight)" if "s" in engine
+             f"completion tokens in {engine['s']:.1f} s, {ceilings['in_flight']} in flight; "
+             f"{engine['full_batch_episodes_per_s']:.1f} at {engine['full_batch']} in flight)" if "s" in engine
              else f"the engine alone failed: {engine['error']}"))
     lower = min(ceilings["sandbox"], engine.get("episodes_per_s", float("inf")))
     for r in results:
@@ -454,7 +459,9 @@ def main() -> int:
     ceilings = None
     if args.limits and any(r["rc"] == 0 for r in results):
         kept = root / "limits.json"
-        ceilings = json.loads(kept.read_text()) if args.reuse and kept.is_file() else limits(results, cfg, args)
+        ceilings = json.loads(kept.read_text()) if args.reuse and kept.is_file() else None
+        if ceilings is None or "sandbox_one_slot" not in ceilings:  # none yet, or one without every figure
+            ceilings = limits(results, cfg, args)
         kept.write_text(json.dumps(ceilings))
     report(results, ceilings)
     return max(r["rc"] for r in results)
