@@ -21,6 +21,7 @@ from tests.helpers import small_config
 from tests.run_truth import check_ledger, check_selection, check_staleness
 from whale_ray.domain import get_domain
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
+from whale_ray.loop.whale import trains_again
 from whale_ray.records import EpisodeResult, ModelCall
 from whale_ray.rsft import accepted_calls, conversations
 from whale_ray.run_state import RunState
@@ -222,9 +223,9 @@ def test_relaunch_after_a_crash_ends_where_an_uninterrupted_run_ends(crash_at, c
     if before.checkpoint:
         trainer.load_checkpoint(cfg.run_dir / before.checkpoint)
     loop, _ = make_loop(cfg, trainer=trainer)
-    trains_again = loop.trains_again()  # whether the Coordinator starts the Trainer's workers for the relaunch
+    ahead = trains_again(loop.plan, loop.state)  # whether the Coordinator starts the Trainer's workers for the relaunch
     loop.run()
-    assert trains_again == bool(trainer.examples) and not loop.trains_again()
+    assert ahead == bool(trainer.examples) and not trains_again(loop.plan, loop.state)
     after, clean = RunState.load(cfg.run_dir), RunState.load(clean_cfg.run_dir)
     assert comparable(after) == comparable(clean)
     on_record = {f.name for f in after.rollout_files}
@@ -309,7 +310,8 @@ def test_a_crash_beside_a_phases_last_checkpoint_trains_its_steps_again_and_runs
         resumed.load_checkpoint(cfg.run_dir / before.checkpoint)
     assert resumed.version == before.checkpoint_version
     loop, again = make_loop(cfg, trainer=resumed)
-    assert loop.trains_again()  # in the last cycle's harness phase too: the unsaved steps are trained again
+    # in the last cycle's harness phase too: the unsaved steps are trained again
+    assert trains_again(loop.plan, loop.state)
     loop.run()
     unsaved = before.weight_version - before.checkpoint_version
     assert resumed.examples[:unsaved] == trainer.examples[-unsaved:]

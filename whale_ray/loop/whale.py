@@ -74,9 +74,6 @@ class WhaleLoop:
         self.progress.set(phase="finished", detail="")
         return self.state.history
 
-    def trains_again(self) -> bool:
-        return trains_again(self.plan, self.state)
-
     # ----------------------------------------------------------------------------- phases
     def phase_finished(self, cycle: int, index: int) -> bool:
         return phase_finished(self.state, cycle, index)
