@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -220,7 +221,10 @@ class RSFTLearner:
         Metrics: loss (mean completion-token NLL before the update, i.e. over the first epoch),
         last_epoch_loss, grad_norm (before clipping, last epoch), clipped (whether any epoch's norm was over
         max_grad_norm), lr (the last update's rate, after warm-up), updates (AdamW updates so far), n_examples,
-        n_tokens (trained completion tokens), n_truncated, step, trained (False for a no-op)."""
+        n_tokens (trained completion tokens), n_truncated, step, trained (False for a no-op); and where the step's
+        time went: prepare_s (checks, truncation, the length sort), pass_s (forward, backward and the clip; the norm's
+        read waits for the GPU), update_s (AdamW and the loss's read)."""
+        t_start = time.perf_counter()
         vocab = self.model.get_input_embeddings().num_embeddings
         for p, c in examples:
             bad = [t for t in (*p, *c) if not 0 <= t < vocab]
@@ -249,7 +253,9 @@ class RSFTLearner:
         scale = self.world_size / n_tokens  # DDP averages gradients over ranks: this makes it a global token mean
 
         epoch_losses, grad_norm, clipped, lr = [], 0.0, False, self.lr
+        prepare_s, pass_s, update_s = time.perf_counter() - t_start, 0.0, 0.0
         for _ in range(self.epochs_per_step):
+            t0 = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
             nll_sum = torch.zeros((), device=self.device, dtype=torch.float64)
             for j, chunk in enumerate(chunks):
@@ -266,16 +272,19 @@ class RSFTLearner:
                         (self.train_model(input_ids=ids).logits.sum() * 0.0).backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm))
             clipped = clipped or grad_norm > self.max_grad_norm
+            t1 = time.perf_counter()
             lr = self.lr_at(self.updates)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
             self.updates += 1
             epoch_losses.append(float(self._all_reduce_sum(nll_sum)) / n_tokens)
+            pass_s, update_s = pass_s + t1 - t0, update_s + time.perf_counter() - t1
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return {**metrics, "trained": True, "step": self.step, "updates": self.updates, "loss": epoch_losses[0],
-                "last_epoch_loss": epoch_losses[-1], "grad_norm": grad_norm, "clipped": clipped, "lr": lr}
+                "last_epoch_loss": epoch_losses[-1], "grad_norm": grad_norm, "clipped": clipped, "lr": lr,
+                "prepare_s": prepare_s, "pass_s": pass_s, "update_s": update_s}
 
     @torch.no_grad()
     def evaluate_loss(self, examples: list[SFTExample]) -> float:
