@@ -117,7 +117,7 @@ class Coordinator:
             self.trainer = Trainer.options(**place.options("trainer", RoleResources()), **restarts).remote(
                 self.base_model, cfg.weight, str(run.root / "trainer"), seed=cfg.seed,
                 resources_per_worker=trainer_bundle(res, cfg.weight.use_gpu), events_dir=str(run.root),
-                empty_cache_after_step=p.engine == "vllm" and p.sleep_level > 0)
+                policy_gpu_share=p.gpu_memory_utilization * p.replicas if p.engine == "vllm" and p.sleep_level else 0)
             # Its Ray Train run (a chain of process starts: seconds) starts now, beside the other actors' starts and
             # the first evaluation. The actor runs one call at a time: its readiness is asked for first, so that a
             # constructor's error does not wait behind that start; a checkpoint is only recorded before it.

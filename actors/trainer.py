@@ -288,7 +288,7 @@ class Trainer:
 
     def __init__(self, model_path: str, cfg: WeightPhaseConfig, checkpoint_dir: str, *, seed: int = 0,
                  resources_per_worker: dict[str, float] | None = None, max_len: int | None = None,
-                 events_dir: str | None = None, empty_cache_after_step: bool = False) -> None:
+                 events_dir: str | None = None, policy_gpu_share: float = 0.0) -> None:
         from ray.train import ScalingConfig
         from ray.train.torch import TorchConfig
 
@@ -302,7 +302,7 @@ class Trainer:
         self._torch_config = TorchConfig(backend="nccl" if w.use_gpu else "gloo")
         self._trainer_cfg = {"model_path": str(Path(model_path).resolve()),
                              "learner": _learner_kwargs(cfg, model_path, seed, max_len),
-                             "weight_sync": w.sync_mode, "empty_cache": empty_cache_after_step}
+                             "weight_sync": w.sync_mode, "policy_gpu_share": policy_gpu_share}
         self._session: _Session | None = None
         self._resume: str | None = None  # where a new session starts from (None: model_path)
         self._hosted: tuple[int, Any] | None = None  # (version, object ref of its CPU state dict)
@@ -430,9 +430,11 @@ class Trainer:
             return _no_op_metrics(self._version)
         t0 = time.perf_counter()
         reply = self._call_again_on_loss(Train(ray.put(_examples(examples))))
+        metrics = dict(reply.metrics)
+        to_trainer = time.time() - metrics.pop("replied_at")  # wall clock: the reply was stamped by rank 0's worker
         self._adopt(reply)
         started, self._start_s = self._start_s, 0.0
-        return {**reply.metrics, "version": self._version, "wall_s": time.perf_counter() - t0,
+        return {**metrics, "to_trainer_s": to_trainer, "version": self._version, "wall_s": time.perf_counter() - t0,
                 "workers_start_s": started}
 
     def start_workers(self) -> float:

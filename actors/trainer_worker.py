@@ -80,6 +80,7 @@ Command = Union[Train, Host, Broadcast, Save, Flush, Load, Stop]
 class Envelope:
     seq: int  # the "ready" reply answers 0, the Trainer's first command is 1
     command: Command
+    sent: float = field(default_factory=time.time)  # wall clock: a step's queue legs are measured across processes
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Worker:
 
     def __init__(self, config: dict, rank: int, learner: RSFTLearner) -> None:
         self.rank, self.learner = rank, learner
-        self.mode, self.empty_cache = config["weight_sync"], config["empty_cache"]
+        self.mode, self.policy_gpu_share = config["weight_sync"], config["policy_gpu_share"]
         self.sharer = Sharer()  # rank 0: its parameters' IPC handles, made once for this run (cuda_ipc.py)
         self.sender = Sender()  # rank 0, weight_sync broadcast: its group with the replicas, kept between versions
         self.writing: tuple[threading.Thread, list[BaseException]] | None = None  # rank 0: a background Save
@@ -149,6 +150,18 @@ class Worker:
             return self.sharer.share(self.learner.model.state_dict(), self.learner.step)
         return self.host()
 
+    def make_room(self) -> bool:
+        """Hands the step's cached memory back to the driver if a sleeping vLLM on this GPU could not wake into what
+        is free (`policy_gpu_share` of the GPU); whether it did. Kept otherwise: the next step would pay for
+        allocating it all again, several times the step's own arithmetic (benchmarks/gpu_learner_steps.py)."""
+        if not self.policy_gpu_share or self.learner.device.type != "cuda":
+            return False
+        free, total = torch.cuda.mem_get_info(self.learner.device)
+        if free >= self.policy_gpu_share * total:
+            return False
+        torch.cuda.empty_cache()
+        return True
+
     def serve(self, command: Command) -> dict[str, Any]:
         """The reply's fields for one command."""
         learner = self.learner
@@ -164,12 +177,10 @@ class Worker:
                 t1 = time.perf_counter()
                 weights = self.weights() if metrics["trained"] else None
                 t2 = time.perf_counter()
-                if self.empty_cache and learner.device.type == "cuda":
-                    # a sleeping vLLM on this GPU wakes into the memory the step used: hand it back to the driver
-                    torch.cuda.empty_cache()
+                emptied = self.make_room()
                 # where a step's time goes on the worker, beside the Trainer's wall_s (the queues and the actor)
                 timing = {"worker_step_s": t1 - t0, "worker_share_s": t2 - t1,
-                          "worker_free_s": time.perf_counter() - t2}
+                          "worker_free_s": time.perf_counter() - t2, "cache_emptied": emptied}
                 return {"metrics": {**metrics, **timing}, "weights": weights, "step": learner.step}
             case Host():
                 return {"weights": self.host()}
@@ -221,7 +232,11 @@ def train_loop_per_worker(config: dict) -> None:
                 worker.finish_write()
                 outbox.put(Reply(rank, seq))
                 return
-            outbox.put(Reply(rank, seq, **worker.serve(envelope.command)))
+            received = time.time()
+            fields = worker.serve(envelope.command)
+            if "metrics" in fields:  # a step's legs through the queues; the Trainer ends the second (train_step)
+                fields["metrics"].update(to_worker_s=received - envelope.sent, replied_at=time.time())
+            outbox.put(Reply(rank, seq, **fields))
     except BaseException as e:
         outbox.put(Reply(rank, seq, error=f"rank {rank}: {e!r}\n{traceback.format_exc()}"))
         raise
