@@ -41,8 +41,8 @@ teardown, each cycle's fixed cost), and the GPU's and the cores' busy shares, sa
 run and matched to the acts' spans by their start times. --settings runs each engine under several settings in
 turn: `kept` (the Trainer's workers stay up across cycles, the default), `released` (ended after every weight
 phase, the default before), `phase-checkpoint` (kept, the full state saved at each weight phase's end only), `cores`
-(kept, the pool sized to the host's cores), `cores-wide`, `processes`, `processes-wide` (wider pools) and `stale`,
-`phase-checkpoint-stale` (with weight.max_staleness 1). --limits adds, in the same invocation, the two ceilings a
+(kept, the pool sized to the host's cores), `cores-wide`, `processes`, `processes-wide` (wider pools), `replicas`
+(two PolicyServers on the GPU) and `stale`, `phase-checkpoint-stale` (with weight.max_staleness 1). --limits adds, in the same invocation, the two ceilings a
 phase's rollouts/s is held to: the sandbox pool alone (a harness that returns at once, one slot per core,
 benchmarks/sandbox_overhead.py; one slot alone beside it, for the share of linear scaling) and the engine alone (the
 first run's weight-phase model calls replayed straight into a PolicyService, as many in flight as the run had, each
@@ -106,13 +106,17 @@ PHASES = ("weight", "harness", "eval")
 # cores-wide the same with 64 slots an evaluator (256 episodes in flight on 16 cores); processes and processes-wide:
 # 16 evaluator processes of 8 and 16 slots (128 and 256 in flight: the host side spread over processes); stale and
 # phase-checkpoint-stale: kept and phase-checkpoint with weight.max_staleness 1 (the next step's rollouts beside the
-# Trainer's step)
+# Trainer's step); replicas: processes with two PolicyServers on the one GPU, each with half of the memory (two
+# processes' host side in front of the GPU)
 SETTINGS = {"kept": {"weight": {"release_workers": False}}, "released": {"weight": {"release_workers": True}},
             "phase-checkpoint": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000}},
             "cores": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores"}},
             "cores-wide": {"weight": {"release_workers": False}, "sandbox": {"evaluators": "cores", "slots": 64}},
             "processes": {"weight": {"release_workers": False}, "sandbox": {"evaluators": 16, "slots": 8}},
             "processes-wide": {"weight": {"release_workers": False}, "sandbox": {"evaluators": 16, "slots": 16}},
+            "replicas": {"weight": {"release_workers": False}, "sandbox": {"evaluators": 16, "slots": 8},
+                         "policy": {"replicas": 2, "gpu_memory_utilization": 0.15},
+                         "resources": {"policy_server": {"num_gpus": 0.25}}},
             "stale": {"weight": {"release_workers": False, "max_staleness": 1}},
             "phase-checkpoint-stale": {"weight": {"release_workers": False, "checkpoint_every": 1_000_000,
                                                   "max_staleness": 1}}}
