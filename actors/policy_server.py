@@ -11,7 +11,9 @@ Trainer step and wakes it (`wake_up`), or loads weights into it, after.
 Restarted by Ray after a crash (the Coordinator gives it `max_restarts` and `max_task_retries`, so the
 episodes' calls in flight are sent again), it comes back on the weights it was first started with and holds
 every generate call until the sync brings it to the weights on record (`restarted` tells the sync; a load or
-`serve` lets the calls through), so that no call is answered by older weights than the run's.
+`serve` lets the calls through), so that no call is answered by older weights than the run's. While the Trainer
+takes a step the sync holds new calls for the step's weights (`hold`), so that the next step's episodes can start
+their sandboxes beside the step and still be answered by the weights they are meant for.
 """
 
 from __future__ import annotations
@@ -39,25 +41,45 @@ class PolicyServer:
         self._receiver = Receiver()  # weight_sync broadcast: this replica's group with the Trainer's rank 0
         self._events = EventLog(events_dir) if events_dir else None
         self._held = ray.get_runtime_context().was_current_actor_reconstructed
+        self._until: int | None = None  # `hold`: calls wait for this weight version (the Trainer's step)
         self._serving: asyncio.Event | None = None  # made on the actor's event loop by the first call that waits
 
-    def _release(self) -> None:
-        """A restarted server is on the weights on record now: the held calls go through."""
-        if not self._held:
-            return
-        self._held = False
+    def _waits(self) -> bool:
+        return self._held or (self._until is not None and self._service.version() < self._until)
+
+    def _wake_waiters(self) -> None:
+        """The calls that wait look again at what they wait for."""
         if self._serving is not None:
             self._serving.set()
-        version = self._service.version()
-        if self._events is not None:
-            self._events.emit("actor_restarted", f"the PolicyServer was restarted by Ray and serves weight version "
-                              f"{version}", actor="PolicyServer", version=version)
+            self._serving = None
+
+    def _release(self) -> None:
+        """A restarted server is on the weights on record now: the held calls go through (unless a `hold` still
+        keeps them for a newer version)."""
+        if self._held:
+            self._held = False
+            version = self._service.version()
+            if self._events is not None:
+                self._events.emit("actor_restarted", f"the PolicyServer was restarted by Ray and serves weight "
+                                  f"version {version}", actor="PolicyServer", version=version)
+        self._wake_waiters()
 
     async def generate(self, messages: list[dict[str, str]], sampling: SamplingParams) -> ModelCall:
-        if self._held:
+        while self._waits():
             self._serving = self._serving or asyncio.Event()
             await self._serving.wait()
         return await self._service.generate(messages, sampling)
+
+    def hold(self, version: int) -> None:
+        """Calls from now on wait until the server holds weight `version` or `unhold` (the calls in flight finish as
+        they are): while the Trainer takes a step, episodes may start, and their calls are the new weights' to
+        answer."""
+        self._until = version
+
+    def unhold(self) -> None:
+        """The step trained nothing: the held calls go through on the weights the server has."""
+        self._until = None
+        self._wake_waiters()
 
     async def load_weights(self, weights: Any, version: int) -> int:
         """Weight `version` (a state dict or `SharedWeights`), in place; returns the version."""

@@ -2,10 +2,12 @@
 
 The loop calls only this object (the `WeightSync` protocol of whale_ray/loop/context.py), from the weight phase:
 
-    before_step()   the servers' GPU memory goes to the Trainer's step (vLLM's sleep mode, policy.sleep_level)
-    push(v)         weight v, which the Trainer holds now, on every server (a sleeping one wakes into it)
+    before_step()   the servers hold new calls for the step's weights, and their GPU memory goes to the Trainer's
+                    step (vLLM's sleep mode, policy.sleep_level)
+    push(v)         weight v, which the Trainer holds now, on every server (a sleeping one wakes into it); the
+                    held calls go through
     resume()        the servers awake again after a step that trained nothing (a level-2 sleep dropped their
-                    weights: those get the current version pushed)
+                    weights: those get the current version pushed), and the held calls go through on them
     release()       the servers let go of the Trainer's memory before its workers end (cuda_ipc)
 
 and the Coordinator's evaluator pool calls `follow_restarts()` at every poll: a server restarted by Ray holds its
@@ -45,23 +47,27 @@ class ObjectStoreSync:
         # the next step (weight.max_staleness 1) gets the version on record without asking a Trainer that has
         # moved on. Holding it keeps one more state dict in the object store until the next push.
         self._sent: tuple[int, Any] | None = None
+        self._holding = False  # between before_step and push/resume: new calls wait for version + 1
 
     def before_step(self) -> None:
+        self._holding = True
+        ray.get([s.hold.remote(self.version + 1) for s in self.servers])
         if self.sleeps:
             ray.get([s.sleep.remote() for s in self.servers])
 
     def push(self, version: int) -> None:
         self._probes.clear()  # every server is on `version` after this, a restarted one too
         self._push(version)
-        self.version = version
+        self.version, self._holding = version, False
 
     def resume(self) -> None:
-        if not self.sleeps:
-            return
-        awake = ray.get([s.wake_up.remote() for s in self.servers])
-        dropped = [s for s, ok in zip(self.servers, awake) if not ok]
-        if dropped:
-            self._send(self.version, dropped)
+        if self.sleeps:
+            awake = ray.get([s.wake_up.remote() for s in self.servers])
+            dropped = [s for s, ok in zip(self.servers, awake) if not ok]
+            if dropped:
+                self._send(self.version, dropped)
+        ray.get([s.unhold.remote() for s in self.servers])
+        self._holding = False
 
     def release(self) -> None:
         pass  # nothing of the Trainer's is held by a server
@@ -76,6 +82,8 @@ class ObjectStoreSync:
                 continue
             del self._probes[i]
             held = ray.get(probe)  # a server dead for good raises here: the run's fault path takes it
+            if held is not None and self._holding:  # a step is under way: its calls stay the step's weights' to answer
+                self.servers[i].hold.remote(self.version + 1)  # runs before what follows: one caller's calls keep order
             if held == self.version:
                 ray.get(self.servers[i].serve.remote())
             elif held is not None:

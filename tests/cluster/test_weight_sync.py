@@ -134,6 +134,34 @@ def test_a_server_restarted_while_the_trainer_takes_the_next_step_gets_the_versi
             ray.kill(s)
 
 
+def test_calls_made_while_the_trainer_takes_a_step_are_answered_by_its_weights(trainer, tiny_policy):
+    """The next step's episodes start beside the Trainer's step: their calls wait for the step's weights (push), or,
+    after a step that trained nothing, go through on the weights the servers have (resume). A server Ray restarts
+    during the step is held for the step's weights too, not let through on the version on record."""
+    a, b = _server(tiny_policy), _server(tiny_policy, restarts=1)
+    try:
+        sync = ObjectStoreSync(trainer, [a, b], version=ray.get(trainer.version.remote()))
+        v = _step(trainer)
+        sync.push(v)
+        sync.before_step()
+        calls = [s.generate.remote(MESSAGES, GREEDY) for s in (a, b)]
+        assert _kill_and_restart(b) == 0
+        _follow_until_served(sync, b)  # brought to v, the version on record, and held for v + 1
+        assert ray.get(b.version.remote()) == v
+        calls.append(b.generate.remote(MESSAGES, GREEDY))
+        assert not ray.wait(calls, num_returns=len(calls), timeout=2.0)[0]  # none answered by v
+        sync.push(_step(trainer))
+        assert [c.weight_version for c in ray.get(calls, timeout=120)] == [v + 1] * 3
+        sync.before_step()
+        calls = [s.generate.remote(MESSAGES, GREEDY) for s in (a, b)]
+        assert not ray.wait(calls, num_returns=2, timeout=1.0)[0]
+        sync.resume()  # the step trained nothing
+        assert [c.weight_version for c in ray.get(calls, timeout=120)] == [v + 1] * 2
+    finally:
+        for s in (a, b):
+            ray.kill(s)
+
+
 def test_a_restarted_server_already_on_the_version_on_record_serves_without_weights(ray_cluster, tiny_policy):
     """A schedule without a weight phase has no Trainer: a restarted server's start-up weights are the ones on
     record, and it is let through as it is."""

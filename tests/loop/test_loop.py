@@ -21,6 +21,7 @@ from tests.helpers import small_config
 from tests.run_truth import check_ledger, check_selection, check_staleness
 from whale_ray.domain import get_domain
 from whale_ray.loop import Roles, RunDirectory, WhaleLoop
+from whale_ray.loop.weight_phase import AHEAD_THREAD
 from whale_ray.loop.whale import trains_again
 from whale_ray.records import EpisodeResult, ModelCall
 from whale_ray.rsft import accepted_calls, conversations
@@ -42,9 +43,12 @@ class Pool:
 
     def __init__(self, crash_after: int | None = None):
         self.crash_after, self.episodes, self.calls = crash_after, 0, 0
+        self.ahead = 0  # calls of rollouts begun beside a Trainer step (the weight phase's thread for them)
 
     def run(self, work, on_done):
         self.calls += 1
+        self.ahead += threading.current_thread().name.startswith(AHEAD_THREAD)
+        self.before_episodes()
         out = []
         for item in work:
             level = 0.2 + 0.2 * item.harness_source.count("# better")
@@ -63,21 +67,30 @@ class Pool:
             out.append(results)
         return out
 
+    def before_episodes(self):
+        pass
+
 
 class Weights:
-    """The weight sync: every call in order, as ("push", version) or the method's name."""
+    """The weight sync: every call in order, as ("push", version) or the method's name. Between before_step and
+    push/resume the servers hold new calls (`open` is clear)."""
 
     def __init__(self):
         self.calls: list = []
+        self.open = threading.Event()
+        self.open.set()
 
     def before_step(self):
         self.calls.append("before_step")
+        self.open.clear()
 
     def push(self, version):
         self.calls.append(("push", version))
+        self.open.set()
 
     def resume(self):
         self.calls.append("resume")
+        self.open.set()
 
     def release(self):
         self.calls.append("release")
@@ -234,13 +247,18 @@ def test_relaunch_after_a_crash_ends_where_an_uninterrupted_run_ends(crash_at, c
 
 
 class CrashWhileWriting(Pool):
-    """The process dies in the first rollouts that run while the trainer writes a checkpoint."""
+    """The process dies in the first rollouts that run while the trainer writes a checkpoint. Rollouts begun beside
+    a step run on while its checkpoint is begun after it (their calls wait for the step's weights): a call that finds
+    no write under way looks again for a second before its episodes, which here take no time."""
 
     def __init__(self, trainer):
         super().__init__()
         self.trainer = trainer
 
     def run(self, work, on_done):
+        deadline = time.monotonic() + 1.0
+        while self.trainer.writing is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         if self.trainer.writing is not None:
             raise Crash(f"killed while {self.trainer.writing[0]} was being written")
         return super().run(work, on_done)
@@ -442,11 +460,15 @@ def test_a_cycles_report_runs_while_a_proposer_session_runs(tmp_path):
 
 
 class ServedPool(Pool):
-    """Stamps each model call with the weight version last pushed to the servers, as a PolicyServer does."""
+    """Stamps each model call with the weight version last pushed to the servers, as a PolicyServer does; the
+    episodes' calls wait while the servers hold them."""
 
     def __init__(self, weights):
         super().__init__()
         self.weights = weights
+
+    def before_episodes(self):
+        assert self.weights.open.wait(timeout=30), "the servers held the calls for 30 s: no push or resume came"
 
     def run(self, work, on_done):
         out = super().run(work, on_done)
@@ -458,59 +480,58 @@ class ServedPool(Pool):
 
 
 class OverlapTrainer(Trainer):
-    """A step waits (up to 3 s) for the pool to start the next step's rollouts, and says whether it saw them."""
+    """A step waits (up to 3 s) for the pool to begin the next step's rollouts ahead (since the step before ended),
+    and says whether it saw them."""
 
     def __init__(self, pool):
         super().__init__()
-        self.pool, self.overlapped = pool, []
+        self.pool, self.overlapped, self.seen = pool, [], 0
 
     def train_step(self, examples, version):
-        calls, self.in_step = self.pool.calls, True
+        self.in_step = True
         deadline = time.monotonic() + 3
-        while self.pool.calls == calls and time.monotonic() < deadline:
+        while self.pool.ahead == self.seen and time.monotonic() < deadline:
             time.sleep(0.005)
-        self.overlapped.append(self.pool.calls > calls)
-        self.in_step = False
+        self.overlapped.append(self.pool.ahead > self.seen)
+        self.seen, self.in_step = self.pool.ahead, False
         return super().train_step(examples, version)
 
 
 class CrashAhead(Pool):
-    """Dies in the n-th pool call made while the trainer takes a step."""
+    """Dies in the n-th pool call of rollouts begun beside a Trainer step."""
 
     def __init__(self, n):
         super().__init__()
         self.n, self.trainer = n, None
 
     def run(self, work, on_done):
-        if getattr(self.trainer, "in_step", False):
+        if threading.current_thread().name.startswith(AHEAD_THREAD):
             self.n -= 1
             if self.n == 0:
-                self.calls += 1  # seen by the trainer: the step goes on, as a remote one would
+                self.calls += 1
+                self.ahead += 1  # seen by the trainer: the step goes on, as a remote one would
                 raise Crash("killed while a step's rollouts ran ahead")
         return super().run(work, on_done)
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
-def test_with_max_staleness_1_the_next_steps_rollouts_run_while_the_trainer_takes_a_step(staleness, tmp_path):
-    """max_staleness 1: while the Trainer takes step s, step s + 1's rollouts run on the weights the servers hold, so
-    every trained sample is at most one version behind the step (its train/ record says how far), each phase's
-    first step on-policy; the engine sleeps only for each phase's last step. 0: every sample is from the step's own
-    weights."""
+def test_the_next_steps_rollouts_begin_while_the_trainer_takes_a_step(staleness, tmp_path):
+    """While the Trainer takes step s, step s + 1's rollouts begin (every step but each phase's last). 0: their calls
+    wait for step s's weights, so every sample is from its step's own weights. max_staleness 1: they run on the
+    weights the servers hold, so every trained sample is at most one version behind the step (its train/ record
+    says how far), each phase's first step on-policy; the engine sleeps only for each phase's last step."""
     cfg = small_config(tmp_path / "run", condition="whale", weight__prompts_per_step=1,
                        weight__max_staleness=staleness)
     loop, roles = make_loop(cfg)
     pool = roles.pool = loop.ctx.roles.pool = ServedPool(roles.weights)
-    trainer = roles.trainer = loop.ctx.roles.trainer = OverlapTrainer(pool) if staleness else roles.trainer
+    trainer = roles.trainer = loop.ctx.roles.trainer = OverlapTrainer(pool)
     loop.run()
     state = RunState.load(cfg.run_dir)
     records = check_staleness(cfg.run_dir, staleness)
     assert len(records) == len(state.train_steps) >= state.ledger.weight_steps > 2
-    if staleness:  # every step but each phase's last trained beside the next one's rollouts, the engine awake
-        last = {(r["cycle"], max(q["step"] for q in records if q["cycle"] == r["cycle"])) for r in records}
-        assert trainer.overlapped == [(r["cycle"], r["step"]) not in last for r in records]
-        assert roles.weights.calls.count("before_step") == len(last)
-    else:
-        assert roles.weights.calls.count("before_step") == len(records)
+    last = {(r["cycle"], max(q["step"] for q in records if q["cycle"] == r["cycle"])) for r in records}
+    assert trainer.overlapped == [(r["cycle"], r["step"]) not in last for r in records]
+    assert roles.weights.calls.count("before_step") == (len(last) if staleness else len(records))
     assert roles.weights.pushed == list(range(1, state.weight_version + 1))
     check_selection(cfg.run_dir, state.model_dump())
     check_ledger(cfg, cfg.run_dir, state.model_dump())
@@ -694,9 +715,10 @@ def test_every_act_of_every_phase_is_timed_once_and_the_episodes_add_up(tmp_path
 
 
 def test_the_time_breakdown_adds_up_from_the_run_directory_alone(tmp_path):
-    """`whale status --time`'s numbers: a phase's acts fit in its wall time, the episodes are the ledger's, and a
-    cycle's fixed cost is its wall time less the work in it (the first weight step's worker start counted there)."""
-    from whale_ray.report.timings import format_breakdown, time_breakdown
+    """`whale status --time`'s numbers: the time a phase's acts cover fits in its wall time, the episodes are the
+    ledger's, and a cycle's fixed cost is its wall time less the work in it (the first weight step's worker start
+    counted there)."""
+    from whale_ray.report.timings import GROUPS, format_breakdown, time_breakdown, work_covered
 
     cfg = small_config(tmp_path / "run", condition="whale")
     make_loop(cfg, trainer=SlowFirstStart())[0].run()
@@ -705,8 +727,8 @@ def test_the_time_breakdown_adds_up_from_the_run_directory_alone(tmp_path):
     own = {k: p.episodes - p.report_episodes for k, p in b.phases.items()}
     assert own["weight"] == state.ledger.weight_rollouts and own["harness"] == state.ledger.harness_rollouts
     assert own["eval"] + sum(p.report_episodes for p in b.phases.values()) == state.ledger.eval_rollouts
-    for p in b.phases.values():
-        assert sum(v for k, v in p.acts.items() if k != "workers_start") <= p.wall_s + 1e-3
+    for name, p in b.phases.items():
+        assert work_covered([s for s in b.spans if GROUPS.get(s["phase"]) == name]) <= p.wall_s + 1e-3
     assert b.phases["weight"].acts["workers_start"] == pytest.approx(0.2)  # reported by the step
     assert [c["cycle"] for c in b.cycles] == [row.cycle for row in state.history[1:]]
     for c, row in zip(b.cycles, state.history[1:]):
@@ -716,6 +738,18 @@ def test_the_time_breakdown_adds_up_from_the_run_directory_alone(tmp_path):
     assert second["workers_start_s"] == pytest.approx(0.0, abs=0.01)
     text = format_breakdown(b)
     assert "weight" in text and "fixed" in text
+
+
+def test_work_that_overlaps_counts_once_in_the_time_work_covers():
+    """A step's next rollouts begin beside its training: the time they cover together is their union; a `train` act's
+    workers' start (its first part) is not work."""
+    from whale_ray.report.timings import work_covered
+
+    spans = [{"act": "rollouts", "start": 0.0, "s": 2.0}, {"act": "verify", "start": 2.0, "s": 0.5},
+             {"act": "train", "start": 3.0, "s": 4.0, "step_s": 4.0, "workers_start_s": 1.0},  # proper: 4.0 to 7.0
+             {"act": "rollouts", "start": 3.5, "s": 5.0},  # begun beside the step, on to 8.5
+             {"act": "sync", "start": 7.0, "s": 0.3}, {"act": "checkpoint", "start": 9.0, "s": 1.0}]
+    assert work_covered(spans) == pytest.approx(2.5 + 5.0)
 
 
 def test_a_timings_line_that_is_not_json_is_named_by_file_and_line(tmp_path):

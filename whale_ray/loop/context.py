@@ -24,9 +24,9 @@ class WeightSync(Protocol):
     """The hand-off of new weights from the Trainer to the PolicyServer(s), both ends of it: one object per
     weight.weight_sync mode (actors/weight_sync.py). The weight phase calls nothing else for weights."""
 
-    def before_step(self) -> None: ...  # the servers' GPU memory to the Trainer's step (vLLM's sleep mode)
+    def before_step(self) -> None: ...  # new calls wait for the step's weights; GPU memory to the step (sleep mode)
     def push(self, version: int) -> None: ...  # the Trainer's weight `version` on every server, awake
-    def resume(self) -> None: ...  # every server awake on the weights it had, after a step that trained nothing
+    def resume(self) -> None: ...  # the step trained nothing: every server awake, calls through, on its weights
     def release(self) -> None: ...  # the servers let go of the Trainer's memory before its workers end
 
 

@@ -61,7 +61,6 @@ def rollout_many(ctx: RunContext, work: list[tuple[str, list[Task], int]], *, ph
 
 def run_batches(ctx: RunContext, batches: list[Batch], *, timed_as: str) -> list[list[Rollout]]:
     """Every batch's episodes in one pool call, scored; timed as one act of the phase `timed_as`."""
-    version = ctx.run.state.weight_version
     plans, items = [], []
     for b in batches:
         meta = [(t, s, episode_seed(ctx.cfg.seed, b.phase, b.cycle, b.unit, b.harness_id, t.id, s))
@@ -82,6 +81,8 @@ def run_batches(ctx: RunContext, batches: list[Batch], *, timed_as: str) -> list
         timing["episodes"] = sum(len(w.jobs) for w in items)
         if report := sum(len(meta) for b, meta in zip(batches, plans) if b.phase != timed_as):
             timing["report_episodes"] = report  # a cycle's report that ran beside this call
+    # read once the calls are answered: episodes begun while the Trainer took a step waited for its weights
+    version = ctx.run.state.weight_version
     with ctx.run.timed(timed_as, "verify"):
         return [
             [scored(ep, task, ctx.verifier, ctx.domain, phase=b.phase, cycle=b.cycle, harness_id=b.harness_id,

@@ -14,10 +14,11 @@ follows (the harness phase): the record goes on at weight_version with `checkpoi
 on record before the cycle's selection (`settle_checkpoint`). A relaunch in between starts from the checkpoint before
 it and trains the steps after that again on their recorded examples (`retrain_unsaved_steps`): no rollout runs twice.
 
-With `weight.max_staleness: 1` the next step's rollouts run while the Trainer takes this one, on the weights the
-servers hold (the engine does not sleep then), so a step trains on samples one version old; each trained call's
-version is in the step's train/ record. They go on record with their own step: a relaunch runs them again from
-the checkpoint on record.
+The next step's episodes begin while the Trainer takes this one: their sandboxes start, and their model calls wait
+for the step's weights (the weight sync holds them, `before_step`), so every step trains on its own weights' samples.
+With `weight.max_staleness: 1` those calls are answered by the weights the servers hold instead (the engine does not
+sleep then), so a step trains on samples one version old; each trained call's version is in the step's train/
+record. Either way they go on record with their own step: a relaunch runs them again from the checkpoint on record.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from whale_ray.loop.context import RunContext
 from whale_ray.loop.rollouts import episode_seed, mean_reward, rollout
@@ -111,10 +113,11 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
     settle_checkpoint(ctx)  # an earlier phase's, if no selection came between
     since_checkpoint = 0
     writing: Path | None = None  # a checkpoint being written while this step's rollouts run
-    ahead: Step | None = None  # this step's rollouts, run while the Trainer took the one before (max_staleness 1)
+    ahead: Future[Step] | None = None  # this step's rollouts, begun while the Trainer took the one before
     while n := step_size(prog.prompts_done, prog.step_rewards):
         started = time.perf_counter()
-        step = ahead or roll_out(ctx, cycle, prog.units_done, n, state.weight_cursor, state.weight_pass)
+        step = ahead.result() if ahead else roll_out(ctx, cycle, prog.units_done, n, state.weight_cursor,
+                                                     state.weight_pass)
         ahead = None
         if writing is not None:
             checkpoint_written(ctx, writing)
@@ -125,23 +128,22 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
         reward = mean_reward(step.rollouts)
         version_before = state.weight_version
         ctx.report.finish()  # the weights change next: the last cycle's report, if it still waits, runs now
-        following = step_size(prog.prompts_done + n, [*prog.step_rewards, reward]) if cfg.max_staleness else 0
-        if following:
-            with ThreadPoolExecutor(1, thread_name_prefix="whale-train") as pool:
-                training = pool.submit(train_step, ctx, examples, version_before)
-                try:  # on the weights the servers hold, awake: the step's own come after
-                    ahead = roll_out(ctx, cycle, step.index + 1, following, step.cursor, step.weight_pass)
-                finally:
-                    metrics = training.result()
-        else:
+        following = step_size(prog.prompts_done + n, [*prog.step_rewards, reward])
+        stale = bool(following and cfg.max_staleness)
+        if not stale:
             with ctx.run.timed("weight", "sleep"):
-                sync.before_step()
-            metrics = train_step(ctx, examples, version_before)
+                sync.before_step()  # from here the servers hold new calls for the step's weights
+        if following:  # the next step's episodes begin beside the step: their sandboxes start, and their calls are
+            # answered by the weights the servers hold (max_staleness 1) or wait for the step's
+            ahead = begin(roll_out, ctx, cycle, step.index + 1, following, step.cursor, step.weight_pass)
+        metrics = train_step(ctx, examples, version_before)
+        if stale:
+            ahead.result()  # they ran on the weights before the step: done before those change
         with ctx.run.timed("weight", "sync"):
             if metrics["trained"]:
                 state.weight_version = metrics["version"]
                 sync.push(state.weight_version)
-            elif not following:
+            elif not stale:  # the servers held their calls for this step: on the weights they have
                 sync.resume()
         if metrics["trained"]:
             state.ledger.weight_steps += 1
@@ -176,6 +178,18 @@ def weight_phase(ctx: RunContext, cycle: int, prog: PhaseProgress, phase: Phase)
             trainer.release_workers()  # the harness phase needs no trainer: its CPUs/GPUs go back to the cluster
     prog.wall_s += time.perf_counter() - started
     ctx.run.commit()
+
+
+AHEAD_THREAD = "whale-ahead"  # the name of a thread that runs a step's rollouts begun beside the step before
+
+
+def begin(fn: Callable[..., Step], *args: Any) -> Future[Step]:
+    """`fn(*args)` in a thread of its own; its result, or its error, from the future."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix=AHEAD_THREAD)
+    try:
+        return pool.submit(fn, *args)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with its one task
 
 
 def train_step(ctx: RunContext, examples: list[SFTExample], version: int) -> dict:

@@ -9,10 +9,11 @@ that ran beside a phase's batch are in its count, and in its `report_episodes`) 
 `propose` in the harness phase. A `train` act is split in two: the step itself, as the Trainer timed it (`step_s`)
 less the Ray Train run's start inside it (`workers_start_s`), and the rest, shown as w-start: the workers' start,
 in the step or waited on behind the start a Coordinator asks for early (actors/trainer.py), and the call. A cycle's
-fixed cost is its wall time less its rollouts, verification, training steps and proposer sessions: what a cycle
-pays whatever its size (worker starts, sleep and wake, weight syncs, checkpoints, commits). Under
-`weight.max_staleness: 1` a step's `train` runs beside the next step's `rollouts`, so a weight phase's acts may add
-up to more than its wall time.
+fixed cost is its wall time less the time its rollouts, verification, training steps and proposer sessions cover
+(the union of their spans): what a cycle pays whatever its size (worker starts, sleep and wake, weight syncs,
+checkpoints, commits), and does not hide behind work. A weight step's next `rollouts` begin beside its `train` (their
+episodes' model calls wait for the step's weights, or, under `weight.max_staleness: 1`, run on the weights before
+it), so a weight phase's acts may add up to more than its wall time.
 """
 
 from __future__ import annotations
@@ -57,6 +58,24 @@ def training_proper(span: dict[str, Any]) -> float:
     own = span.get("step_s")
     proper = (span["s"] if own is None else own) - span.get("workers_start_s", 0.0)
     return min(span["s"], max(0.0, proper))
+
+
+def work_covered(spans: list[dict[str, Any]]) -> float:
+    """The seconds in which some work act ran (rollouts, verification, proposer sessions, a step's training proper,
+    which ends its `train` act): overlapping acts count once."""
+    intervals = []
+    for s in spans:
+        if s["act"] in WORK_ACTS:
+            intervals.append((s["start"], s["start"] + s["s"]))
+        elif s["act"] == "train":
+            end = s["start"] + s["s"]
+            intervals.append((end - training_proper(s), end))
+    covered, reach = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi > reach:
+            covered += hi - max(lo, reach)
+            reach = hi
+    return covered
 
 
 def read_spans(run_dir: Path) -> list[dict[str, Any]]:
@@ -107,8 +126,7 @@ def time_breakdown(run_dir: Path) -> TimeBreakdown:
     cycles = []
     for row in state.history[1:]:
         mine = [s for s in spans if s.get("cycle") == row.cycle]
-        work = sum(training_proper(s) if s["act"] == "train" else s["s"] for s in mine
-                   if s["act"] in (*WORK_ACTS, "train"))
+        work = work_covered(mine)
         fixed = {"workers_start": sum(s["s"] - training_proper(s) for s in mine if s["act"] == "train")}
         for s in mine:
             if s["act"] not in (*WORK_ACTS, "train"):
@@ -146,7 +164,8 @@ def format_breakdown(b: TimeBreakdown) -> str:
         lines.append(f"{name:<8} {p.episode_s:>9.1f}  " + " ".join(f"{v / p.episode_s:>8.1%}" for v in (*parts, rest)))
     if b.cycles:
         lines.append("")
-        lines.append("a cycle's fixed cost (wall less rollouts, verification, training steps and proposer sessions):")
+        lines.append("a cycle's fixed cost (wall less the time rollouts, verification, training steps and proposer "
+                     "sessions cover):")
         for c in b.cycles:
             timed = ", ".join(f"{k[:-2]} {v:.2f}" for k, v in c.items()
                               if k.endswith("_s") and k not in ("wall_s", "work_s", "fixed_s") and v)
