@@ -26,6 +26,7 @@ The modes:
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
@@ -48,32 +49,42 @@ class ObjectStoreSync:
         # moved on. Holding it keeps one more state dict in the object store until the next push.
         self._sent: tuple[int, Any] | None = None
         self._holding = False  # between before_step and push/resume: new calls wait for version + 1
+        # One act at a time: the weight phase's thread pushes while the evaluator pool, running a step's rollouts
+        # begun beside the step in a thread of its own, follows restarts at its polls.
+        self._lock = threading.RLock()
 
     def before_step(self) -> None:
-        self._holding = True
-        ray.get([s.hold.remote(self.version + 1) for s in self.servers])
-        if self.sleeps:
-            ray.get([s.sleep.remote() for s in self.servers])
+        with self._lock:
+            self._holding = True
+            ray.get([s.hold.remote(self.version + 1) for s in self.servers])
+            if self.sleeps:
+                ray.get([s.sleep.remote() for s in self.servers])
 
     def push(self, version: int) -> None:
-        self._probes.clear()  # every server is on `version` after this, a restarted one too
-        self._push(version)
-        self.version, self._holding = version, False
+        with self._lock:
+            self._probes.clear()  # every server is on `version` after this, a restarted one too
+            self._push(version)
+            self.version, self._holding = version, False
 
     def resume(self) -> None:
-        if self.sleeps:
-            awake = ray.get([s.wake_up.remote() for s in self.servers])
-            dropped = [s for s, ok in zip(self.servers, awake) if not ok]
-            if dropped:
-                self._send(self.version, dropped)
-        ray.get([s.unhold.remote() for s in self.servers])
-        self._holding = False
+        with self._lock:
+            if self.sleeps:
+                awake = ray.get([s.wake_up.remote() for s in self.servers])
+                dropped = [s for s, ok in zip(self.servers, awake) if not ok]
+                if dropped:
+                    self._send(self.version, dropped)
+            ray.get([s.unhold.remote() for s in self.servers])
+            self._holding = False
 
     def release(self) -> None:
         pass  # nothing of the Trainer's is held by a server
 
     def follow_restarts(self) -> None:
         """A server restarted by Ray to the weights on record; never waits for a server that is starting."""
+        with self._lock:
+            self._follow_restarts()
+
+    def _follow_restarts(self) -> None:
         for i, server in enumerate(self.servers):
             self._probes.setdefault(i, server.restarted.remote())
         ready, _ = ray.wait(list(self._probes.values()), num_returns=len(self._probes), timeout=0)
