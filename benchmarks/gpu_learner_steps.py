@@ -30,9 +30,9 @@ import time
 
 import torch
 
+from actors.trainer import _learner_kwargs
 from whale_ray.config import WeightPhaseConfig
 from whale_ray.rsft import RSFTLearner
-from whale_ray.rsft_defaults import describe_checkpoint, resolve_weight_phase
 
 
 def steps_of(n_steps: int, n_examples: int, prompt: tuple[int, int], completion: tuple[int, int], vocab: int,
@@ -46,9 +46,9 @@ def steps_of(n_steps: int, n_examples: int, prompt: tuple[int, int], completion:
 
 
 def learner_for(args: argparse.Namespace) -> RSFTLearner:
-    w = resolve_weight_phase(WeightPhaseConfig(use_gpu=args.device != "cpu"), describe_checkpoint(args.model))
-    return RSFTLearner(args.model, device=args.device, lr=w.learning_rate, micro_batch=w.micro_batch,
-                       warmup_steps=w.warmup_steps, max_grad_norm=w.max_grad_norm, precision=w.precision)
+    """The learner a Trainer worker builds for this checkpoint (actors/trainer.py's settings, resolved as a run would)."""
+    cfg = WeightPhaseConfig(use_gpu=args.device != "cpu")
+    return RSFTLearner(args.model, device=args.device, **_learner_kwargs(cfg, args.model, seed=0, max_len=None))
 
 
 def run(learner: RSFTLearner, steps: list, empty_cache: bool) -> list[dict]:

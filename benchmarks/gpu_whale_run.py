@@ -42,12 +42,12 @@ run and matched to the acts' spans by their start times. --settings runs each en
 turn: `kept` (the Trainer's workers stay up across cycles, the default), `released` (ended after every weight
 phase, the default before), `phase-checkpoint` (kept, the full state saved at each weight phase's end only), `cores`
 (kept, the pool sized to the host's cores), `cores-wide`, `processes`, `processes-wide` (wider pools), `replicas`
-(two PolicyServers on the GPU) and `stale`, `phase-checkpoint-stale` (with weight.max_staleness 1). --limits adds, in the same invocation, the two ceilings a
-phase's rollouts/s is held to: the sandbox pool alone (a harness that returns at once, one slot per core,
-benchmarks/sandbox_overhead.py; one slot alone beside it, for the share of linear scaling) and the engine alone (the
-first run's weight-phase model calls replayed straight into a PolicyService, as many in flight as the run had, each
-capped at the tokens it generated there; and again at the engine's full batch); each phase's episodes/s is printed
-as a share of the lower one.
+(two PolicyServers on the GPU) and `stale`, `phase-checkpoint-stale` (with weight.max_staleness 1). --limits adds,
+in the same invocation, the two ceilings a phase's rollouts/s is held to: the sandbox pool alone (a harness that
+returns at once, one slot per core, benchmarks/sandbox_overhead.py; one slot alone beside it, for the share of linear
+scaling) and the engine alone (the first run's weight-phase model calls replayed straight into a PolicyService, as
+many in flight as the run had, each capped at the tokens it generated there; and again at the engine's full batch);
+each phase's episodes/s is printed as a share of the lower one.
 
     python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --root /tmp/gpu-runs
     python benchmarks/gpu_whale_run.py --device cuda --model .gpu/policy --engines vllm --settings kept,released \
