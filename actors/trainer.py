@@ -355,6 +355,9 @@ class Trainer:
                                self.checkpoint_dir / "ray_train", self._resume)
             try:
                 ready = session.collect(0, timeout=START_TIMEOUT_S)
+                # a new run's first command takes seconds to reach its workers (the first step's to_worker_s): the
+                # start sends one, beside the run's first rollouts, so that the first step does not
+                session.collect(session.send(Flush()), timeout=START_TIMEOUT_S)
             except BaseException:
                 session.close(timeout=10)
                 raise

@@ -150,6 +150,12 @@ class Worker:
             return self.sharer.share(self.learner.model.state_dict(), self.learner.step)
         return self.host()
 
+    def mallocs(self) -> int:
+        """The memory segments the caching allocator has taken from the driver so far (cudaMalloc calls)."""
+        if self.learner.device.type != "cuda":
+            return 0
+        return torch.cuda.memory_stats(self.learner.device).get("num_device_alloc", 0)
+
     def make_room(self) -> bool:
         """Hands the step's cached memory back to the driver if a sleeping vLLM on this GPU could not wake into what
         is free (`policy_gpu_share` of the GPU); whether it did. Kept otherwise: the next step would pay for
@@ -169,18 +175,18 @@ class Worker:
             self.finish_write()
         match command:
             case Train(examples):
-                t0 = time.perf_counter()
+                t0, mallocs = time.perf_counter(), self.mallocs()
                 try:
                     metrics = learner.train_step(ray.get(examples))
                 except InvalidExamples as e:  # every rank checks the same full list before any change
                     return {"invalid": str(e)}
-                t1 = time.perf_counter()
+                t1, mallocs = time.perf_counter(), self.mallocs() - mallocs
                 weights = self.weights() if metrics["trained"] else None
                 t2 = time.perf_counter()
                 emptied = self.make_room()
                 # where a step's time goes on the worker, beside the Trainer's wall_s (the queues and the actor)
                 timing = {"worker_step_s": t1 - t0, "worker_share_s": t2 - t1,
-                          "worker_free_s": time.perf_counter() - t2, "cache_emptied": emptied}
+                          "worker_free_s": time.perf_counter() - t2, "cache_emptied": emptied, "cuda_mallocs": mallocs}
                 return {"metrics": {**metrics, **timing}, "weights": weights, "step": learner.step}
             case Host():
                 return {"weights": self.host()}
@@ -223,6 +229,8 @@ def train_loop_per_worker(config: dict) -> None:
                               world_size=world, wrap_model=wrap, **config["learner"])
         if config.get("resume"):
             learner.load(config["resume"])
+        if learner.device.type == "cuda":
+            learner.warm_up()  # a fresh CUDA context's first pass, paid by the start rather than the first step
         worker = Worker(config, rank, learner)
         outbox.put(Reply(rank, seq, step=learner.step, weights=worker.weights()))
         while True:

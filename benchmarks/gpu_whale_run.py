@@ -347,10 +347,17 @@ def engine_alone(run_dir: Path, engine: str, in_flight: int) -> dict:
             "tokens": sum(n for _, n in calls), "full_batch": p.max_batch, "full_batch_episodes_per_s": episodes / full}
 
 
+def episodes_in_flight(result: dict, cfg: dict) -> int:
+    """The episodes a run's setting keeps in flight (slots x evaluators): the engine's limit is taken at the same."""
+    sandbox = merge(cfg, SETTINGS[result["name"].split("-", 1)[1]])["sandbox"]
+    return sandbox["slots"] * sandbox["evaluators"]
+
+
 def limits(results: list[dict], cfg: dict, args: argparse.Namespace) -> dict:
-    """Both ceilings, the engine's in a fresh process (its own CUDA context, the runs' GPU memory given back)."""
+    """Both ceilings, the engine's in a fresh process (its own CUDA context, the runs' GPU memory given back), at the
+    first finished run's episodes in flight."""
     first = next(r for r in results if r["rc"] == 0)
-    in_flight = cfg["sandbox"]["slots"] * cfg["sandbox"]["evaluators"]
+    in_flight = episodes_in_flight(first, cfg)
     out = subprocess.run([sys.executable, __file__, "--engine-alone", first["run_dir"], "--engine-of", first["engine"],
                           "--in-flight", str(in_flight)], capture_output=True, text=True, cwd=ROOT)
     engine = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-2000:]}
@@ -466,7 +473,9 @@ def main() -> int:
     if args.limits and any(r["rc"] == 0 for r in results):
         kept = root / "limits.json"
         ceilings = json.loads(kept.read_text()) if args.reuse and kept.is_file() else None
-        if ceilings is None or "sandbox_one_slot" not in ceilings:  # none yet, or one without every figure
+        wanted = episodes_in_flight(next(r for r in results if r["rc"] == 0), cfg)
+        # none kept yet, one without every figure, or one taken at other episodes in flight
+        if ceilings is None or "sandbox_one_slot" not in ceilings or ceilings["in_flight"] != wanted:
             ceilings = limits(results, cfg, args)
         kept.write_text(json.dumps(ceilings))
     report(results, ceilings)

@@ -47,6 +47,7 @@ class InvalidExamples(ValueError):
 
 STATE_FILE = "rsft_state.json"  # written last by `save`: its presence marks a complete checkpoint
 OPTIMIZER_FILE = "optimizer.pt"
+WARM_UP_TOKENS = 128  # the width of `RSFTLearner.warm_up`'s batch: the order of a step's prompts and completions
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json",
@@ -214,6 +215,25 @@ class RSFTLearner:
 
             dist.all_reduce(x, op=dist.ReduceOp.SUM)
         return x
+
+    def warm_up(self) -> float:
+        """One forward and backward pass over a micro-batch of padding, its gradients thrown away; its seconds. On
+        a fresh CUDA context the first pass loads the kernels and makes cuBLAS's handles, seconds that a Trainer's
+        worker pays here, as it starts (beside the run's first rollouts), rather than in its first step. The
+        weights, the optimizer's state and the RNGs stay as they were. Under DDP every rank calls it together: the
+        backward all-reduces, which opens the gradients' collective too."""
+        t0 = time.perf_counter()
+        width = min(WARM_UP_TOKENS, self.max_len or WARM_UP_TOKENS)
+        row = ([self.pad_id] * (width // 2), [self.pad_id] * (width - width // 2))
+        batch = self._to_device(collate([row] * self.micro_batch, self.pad_id))
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            with self._autocast():
+                nll, _ = completion_nll(self.train_model, batch)
+            nll.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
 
     def train_step(self, examples: list[SFTExample]) -> dict[str, Any]:
         """Train on one step's accepted examples; every rank passes the same full list.

@@ -52,6 +52,7 @@ def test_train_step_returns_metrics_and_bumps_version(trainer, tiny_model):
     # where the step's time went: the queue to the worker, the worker's parts, the way back; within the Trainer's clock
     parts = ("to_worker_s", "worker_step_s", "worker_share_s", "worker_free_s", "to_trainer_s")
     assert 0 < m["worker_step_s"] and min(m[k] for k in parts) >= 0 and "replied_at" not in m
+    assert m["cuda_mallocs"] == 0 and m["cache_emptied"] is False  # on CPU
     assert sum(m[k] for k in parts) <= m["wall_s"] + 0.01  # two clocks: wall time for the legs, perf_counter for wall_s
     with pytest.raises(ValueError, match="vocabulary"):  # rejected on the workers; the run goes on
         ray.get(trainer.train_step.remote([([1], [999])]))

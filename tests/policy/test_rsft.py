@@ -130,6 +130,19 @@ def test_save_load_resumes_exactly(tiny_model, tmp_path):
     assert all(torch.equal(oa[i]["exp_avg_sq"], ob[i]["exp_avg_sq"]) for i in oa)
 
 
+def test_a_warm_up_leaves_the_learner_as_it_was(tiny_model):
+    warmed, cold = learner(tiny_model, seed=3), learner(tiny_model, seed=3)
+    rng = torch.get_rng_state()
+    assert warmed.warm_up() > 0
+    assert torch.equal(torch.get_rng_state(), rng) and warmed.optimizer.state_dict()["state"] == {}
+    assert all(p.grad is None for p in warmed.model.parameters()) and warmed.step == warmed.updates == 0
+    m_w, m_c = warmed.train_step(EXAMPLES), cold.train_step(EXAMPLES)
+    timings = ("prepare_s", "pass_s", "update_s")
+    assert {k: v for k, v in m_w.items() if k not in timings} == {k: v for k, v in m_c.items() if k not in timings}
+    sw, sc = warmed.state_dict(), cold.state_dict()
+    assert all(torch.equal(sw[k], sc[k]) for k in sw)
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (every write to it fails: no space)")
 def test_a_checkpoint_write_that_runs_out_of_space_names_the_checkpoint_and_the_file(tiny_model, tmp_path):
     # the optimizer state's file leads to /dev/full, as a full disk would: torch's own error names neither
