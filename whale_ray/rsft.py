@@ -241,9 +241,10 @@ class RSFTLearner:
         Metrics: loss (mean completion-token NLL before the update, i.e. over the first epoch),
         last_epoch_loss, grad_norm (before clipping, last epoch), clipped (whether any epoch's norm was over
         max_grad_norm), lr (the last update's rate, after warm-up), updates (AdamW updates so far), n_examples,
-        n_tokens (trained completion tokens), n_truncated, step, trained (False for a no-op); and where the step's
-        time went: prepare_s (checks, truncation, the length sort), pass_s (forward, backward and the clip; the norm's
-        read waits for the GPU), update_s (AdamW and the loss's read)."""
+        n_tokens (trained completion tokens), n_truncated, step, trained (False for a no-op); the shape of this rank's
+        passes: max_width (its widest micro-batch) and padded_tokens (the positions its micro-batches run, padding
+        included); and where the step's time went: prepare_s (checks, truncation, the length sort), pass_s (forward,
+        backward and the clip; the norm's read waits for the GPU), update_s (AdamW and the loss's read)."""
         t_start = time.perf_counter()
         vocab = self.model.get_input_embeddings().num_embeddings
         for p, c in examples:
@@ -270,6 +271,8 @@ class RSFTLearner:
         order = sorted(range(len(rows)), key=lambda i: len(rows[i][0]) + len(rows[i][1]), reverse=True)
         mine = [rows[i] for i in order[self.rank::self.world_size]]
         chunks = [mine[i:i + self.micro_batch] for i in range(0, len(mine), self.micro_batch)] or [[]]
+        widths = [max((len(p) + len(c) for p, c in chunk), default=0) for chunk in chunks]
+        metrics.update(max_width=max(widths), padded_tokens=sum(len(ch) * w for ch, w in zip(chunks, widths)))
         scale = self.world_size / n_tokens  # DDP averages gradients over ranks: this makes it a global token mean
 
         epoch_losses, grad_norm, clipped, lr = [], 0.0, False, self.lr

@@ -85,6 +85,8 @@ def test_train_step_lowers_the_loss_of_its_examples(tiny_model):
     assert m["grad_norm"] > 0 and math.isfinite(m["loss"])
     assert all(m[k] > 0 for k in ("prepare_s", "pass_s", "update_s"))
     assert m["prepare_s"] + m["pass_s"] + m["update_s"] <= wall
+    # lengths 7, 7, 6, 6, 6, 6, 4, 4 length-sorted into micro-batches of 2: widths 7, 6, 6, 4
+    assert m["max_width"] == 7 and m["padded_tokens"] == 2 * (7 + 6 + 6 + 4)
 
 
 def test_gradient_accumulation_equals_one_big_batch(tiny_model):
