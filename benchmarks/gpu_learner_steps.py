@@ -11,8 +11,8 @@ ranges), in two fresh processes side by side:
 
 Printed: every step's seconds and its split (prepare / forward+backward+clip / AdamW: rsft.RSFTLearner's metrics),
 the memory the caching allocator took from the driver in it (cudaMalloc calls, and retries after a failed one) and
-how many of its micro-batches had a width the process had not run before; then the first step and the median of
-the later ones per process, and their ratios.
+the shape of its passes (its widest micro-batch, the positions run, padding included); then the first step and the
+median of the later ones per process, and their ratios.
 
     python benchmarks/gpu_learner_steps.py --model ~/smollm2
     python benchmarks/gpu_learner_steps.py --model /tmp/tiny --device cpu --steps 3     # a CPU check
@@ -51,12 +51,6 @@ def learner_for(args: argparse.Namespace) -> RSFTLearner:
     return RSFTLearner(args.model, device=args.device, **_learner_kwargs(cfg, args.model, seed=0, max_len=None))
 
 
-def widths(learner: RSFTLearner, examples: list) -> set[int]:
-    """The padded widths of a step's micro-batches, as RSFTLearner.train_step cuts them (length-sorted)."""
-    lengths = sorted((len(p) + len(c) for p, c in examples), reverse=True)
-    return {lengths[i] for i in range(0, len(lengths), learner.micro_batch)}
-
-
 def allocator(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return 0, 0
@@ -65,16 +59,15 @@ def allocator(device: torch.device) -> tuple[int, int]:
 
 
 def run(learner: RSFTLearner, steps: list) -> list[dict]:
-    out, seen = [], set()
+    out = []
     for examples in steps:
-        new_widths = widths(learner, examples) - seen
-        seen |= new_widths
         a0, r0 = allocator(learner.device)
         t0 = time.perf_counter()
         m = learner.train_step(examples)
         a1, r1 = allocator(learner.device)
+        keys = ("prepare_s", "pass_s", "update_s", "max_width", "padded_tokens")
         out.append({"wall_s": time.perf_counter() - t0, "mallocs": a1 - a0, "retries": r1 - r0,
-                    "new_widths": len(new_widths), **{k: m[k] for k in ("prepare_s", "pass_s", "update_s")}})
+                    **{k: m[k] for k in keys}})
     return out
 
 
@@ -115,8 +108,8 @@ def main() -> None:
         print(f"{name}:")
         for i, t in enumerate(result["steps"]):
             print(f"  step {i}: {t['wall_s']:.3f} s (prepare {t['prepare_s']:.3f}, pass {t['pass_s']:.3f}, "
-                  f"update {t['update_s']:.3f}); cudaMalloc {t['mallocs']} (retries {t['retries']}), "
-                  f"new widths {t['new_widths']}")
+                  f"update {t['update_s']:.3f}); cudaMalloc {t['mallocs']} (retries {t['retries']}); widest "
+                  f"{t['max_width']}, {t['padded_tokens']} positions")
         rows[name] = (result["steps"][0]["wall_s"], statistics.median(t["wall_s"] for t in result["steps"][1:]))
     print(f"\nlearners built in {results['cold']['built_s']:.2f} s (cold) and {results['warmed']['built_s']:.2f} s; "
           f"the warm-up {results['warmed']['warm_up_s']:.2f} s")
@@ -124,6 +117,7 @@ def main() -> None:
     for name, (first, later) in rows.items():
         print(f"{name:<14} {first:8.3f} {later:8.3f} {first / later:12.2f}")
     print(f"first step, cold / warmed: {rows['cold'][0] / rows['warmed'][0]:.2f}")
+
 
 if __name__ == "__main__":
     main()
