@@ -198,7 +198,9 @@ def test_a_whale_run_rides_out_nodes_leaving_and_joining(cluster, tmp_path, tiny
     cluster.add_node(num_cpus=3, resources={"main": 4})  # for the PolicyServer and the Trainer's worker
     first = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
     second = cluster.add_node(num_cpus=1, resources={"evaluator_slot": 4})
-    cfg = small_config(tmp_path / "run", condition="whale", cycles=1, sandbox__evaluators={"min": 1, "max": 8},
+    # eight weight steps: the next step's episodes run beside each step, so once the first step is on record a
+    # phase of two ends within a second, a window that a loaded machine's polling missed
+    cfg = small_config(tmp_path / "run", condition="whale", cycles=1, E=2.0, sandbox__evaluators={"min": 1, "max": 8},
                        sandbox__slots=2, faults__poll_s=0.3,
                        resources__evaluator={"num_cpus": 0.25, "resources": {"evaluator_slot": 1}},
                        resources__policy_server={"num_cpus": 1, "resources": {"main": 1}},
