@@ -8,7 +8,7 @@ named where it is made and where it is served:
     Host()            rank 0 puts its CPU state dict in the object store
     Broadcast(spec)   rank 0 sends its weights to the PolicyServer replicas' group (actors/broadcast_sync.py)
     Save(path)        rank 0 writes the full state; in the background with `background`, until `Flush`
-    Flush()           waits for a background write (its failure is this command's)
+    Flush()           waits for a background write (its failure is this command's); a new run's first command
     Load(path), Stop()
 
 A command that changes the learner's state (Train, Load) or ends the run waits for a background write first, so a
