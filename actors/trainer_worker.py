@@ -175,12 +175,12 @@ class Worker:
             self.finish_write()
         match command:
             case Train(examples):
-                t0, mallocs = time.perf_counter(), self.mallocs()
+                t0, mallocs_before = time.perf_counter(), self.mallocs()
                 try:
                     metrics = learner.train_step(ray.get(examples))
                 except InvalidExamples as e:  # every rank checks the same full list before any change
                     return {"invalid": str(e)}
-                t1, mallocs = time.perf_counter(), self.mallocs() - mallocs
+                t1, mallocs = time.perf_counter(), self.mallocs() - mallocs_before
                 weights = self.weights() if metrics["trained"] else None
                 t2 = time.perf_counter()
                 emptied = self.make_room()

@@ -348,16 +348,18 @@ def engine_alone(run_dir: Path, engine: str, in_flight: int) -> dict:
 
 
 def episodes_in_flight(result: dict, cfg: dict) -> int:
-    """The episodes a run's setting keeps in flight (slots x evaluators): the engine's limit is taken at the same."""
-    sandbox = merge(cfg, SETTINGS[result["name"].split("-", 1)[1]])["sandbox"]
-    return sandbox["slots"] * sandbox["evaluators"]
+    """The episodes a run's setting keeps in flight at most (slots x its pool's evaluators on this host): the engine's
+    limit is taken at the same."""
+    from whale_ray.config import SandboxConfig
+
+    sandbox = SandboxConfig(**merge(cfg, SETTINGS[result["name"].split("-", 1)[1]])["sandbox"])
+    _, most, _ = sandbox.pool_bounds(os.cpu_count())
+    return sandbox.slots * most
 
 
-def limits(results: list[dict], cfg: dict, args: argparse.Namespace) -> dict:
-    """Both ceilings, the engine's in a fresh process (its own CUDA context, the runs' GPU memory given back), at the
-    first finished run's episodes in flight."""
-    first = next(r for r in results if r["rc"] == 0)
-    in_flight = episodes_in_flight(first, cfg)
+def limits(first: dict, in_flight: int, args: argparse.Namespace) -> dict:
+    """Both ceilings, the engine's in a fresh process (its own CUDA context, the runs' GPU memory given back) on the
+    calls of run `first`, `in_flight` at a time."""
     out = subprocess.run([sys.executable, __file__, "--engine-alone", first["run_dir"], "--engine-of", first["engine"],
                           "--in-flight", str(in_flight)], capture_output=True, text=True, cwd=ROOT)
     engine = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-2000:]}
@@ -473,10 +475,11 @@ def main() -> int:
     if args.limits and any(r["rc"] == 0 for r in results):
         kept = root / "limits.json"
         ceilings = json.loads(kept.read_text()) if args.reuse and kept.is_file() else None
-        wanted = episodes_in_flight(next(r for r in results if r["rc"] == 0), cfg)
+        first = next(r for r in results if r["rc"] == 0)
+        in_flight = episodes_in_flight(first, cfg)  # the engine's limit at the episodes the first finished run had
         # none kept yet, one without every figure, or one taken at other episodes in flight
-        if ceilings is None or "sandbox_one_slot" not in ceilings or ceilings["in_flight"] != wanted:
-            ceilings = limits(results, cfg, args)
+        if ceilings is None or "sandbox_one_slot" not in ceilings or ceilings["in_flight"] != in_flight:
+            ceilings = limits(first, in_flight, args)
         kept.write_text(json.dumps(ceilings))
     report(results, ceilings)
     return max(r["rc"] for r in results)
